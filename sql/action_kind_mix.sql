@@ -1,0 +1,6 @@
+-- The mix of action kinds (tool_call / message / tool_call_batch) per domain.
+select domain, action_kind, count(*) as n_turns,
+       round(100.0 * count(*) / sum(count(*)) over (partition by domain), 1) as pct
+from turns
+group by all
+order by domain, n_turns desc
