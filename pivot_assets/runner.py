@@ -13,6 +13,9 @@ import dagster as dg
 def ensure_dagster_home(base_dir: Path) -> Path:
     home = Path(os.environ.get("DAGSTER_HOME") or (base_dir / ".dagster_home")).resolve()
     home.mkdir(parents=True, exist_ok=True)
+    settings = home / "dagster.yaml"
+    if not settings.exists():  # a local, private instance: no telemetry banner or pings
+        settings.write_text("telemetry:\n  enabled: false\n")
     os.environ["DAGSTER_HOME"] = str(home)
     return home
 

@@ -1,6 +1,5 @@
 """Stage 2: `trajectories` -> `turns` (one row per assistant message; states are rebuilt, not copied)."""
 
-from __future__ import annotations
 
 import dagster as dg
 import duckdb

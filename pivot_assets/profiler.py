@@ -1,0 +1,270 @@
+"""Profiling: K reference-policy samples per turn, scored by the verifier, aggregated per turn (Dagster-free).
+
+Keys and caching (nothing is computed twice):
+    rollouts         (turn_id, policy_fp, sampling_fp, sample_index)   generation cache
+    rollout_rewards  rollout key + verifier_fp                          scoring cache
+Both are incremental part-tables: each part holds all K samples of whole turns and is written atomically,
+so a turn is either fully present or absent, a kill -9 loses at most the part in flight, and a rerun
+only generates for turns with no rows under the current (policy_fp, sampling_fp). A verifier change
+re-scores from the cached completions and never regenerates a token.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import duckdb
+import pyarrow as pa
+
+from pivot_assets.warehouse import Warehouse
+
+ROLLOUTS_SCHEMA = pa.schema(
+    [
+        ("turn_id", pa.string()),
+        ("trajectory_id", pa.string()),
+        ("policy_fp", pa.string()),
+        ("sampling_fp", pa.string()),
+        ("sample_index", pa.int32()),
+        ("completion", pa.string()),
+        ("n_prompt_tokens", pa.int32()),
+        ("n_completion_tokens", pa.int32()),
+        ("finish_reason", pa.string()),
+    ]
+)
+
+REWARDS_SCHEMA = pa.schema(
+    [
+        ("turn_id", pa.string()),
+        ("policy_fp", pa.string()),
+        ("sampling_fp", pa.string()),
+        ("sample_index", pa.int32()),
+        ("verifier_fp", pa.string()),
+        ("domain", pa.string()),
+        ("reward", pa.float64()),
+        ("reason", pa.string()),
+        ("detail", pa.string()),
+        ("action", pa.string()),  # the parsed candidate action (canonical JSON), null when unparseable
+    ]
+)
+
+SCORE_CHUNK = 20_000
+
+
+@dataclass
+class Progress:
+    """Progress lines for logs plus a live bar on a terminal: rollouts/s and ETA."""
+
+    total: int
+    unit: str = "rollouts"
+    log: Callable[[str], None] | None = None
+    every_s: float = 10.0
+    done: int = 0
+    _t0: float = field(default_factory=time.perf_counter)
+    _last_log: float = 0.0
+
+    def update(self, n: int) -> None:
+        self.done += n
+        elapsed = time.perf_counter() - self._t0
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        eta = (self.total - self.done) / rate if rate > 0 else float("inf")
+        line = f"{self.unit}: {self.done}/{self.total} ({rate:.1f}/s, ETA {_fmt_s(eta)})"
+        if sys.stderr.isatty():
+            width = 30
+            filled = int(width * self.done / max(self.total, 1))
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {line}   ")
+            if self.done >= self.total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+        now = time.perf_counter()
+        if self.log and (now - self._last_log >= self.every_s or self.done >= self.total):
+            self._last_log = now
+            self.log(line)
+
+
+def _fmt_s(s: float) -> str:
+    if s == float("inf"):
+        return "?"
+    m, sec = divmod(int(s), 60)
+    return f"{m}m{sec:02d}s" if m else f"{sec}s"
+
+
+# -- generation ------------------------------------------------------------------------------
+def select_turns(wh: Warehouse, limit_turns: int | None) -> list[str]:
+    """The turns to profile: all, or the first N by turn_id (a stable, content-derived order)."""
+    limit = f"limit {int(limit_turns)}" if limit_turns else ""
+    return [r[0] for r in duckdb.sql(f"select turn_id from read_parquet('{wh.table_path('turns')}') order by turn_id {limit}").fetchall()]
+
+
+def done_turns(wh: Warehouse, policy_fp: str, sampling_fp: str) -> set[str]:
+    if not wh.part_files("rollouts"):
+        return set()
+    rows = duckdb.execute(
+        f"select distinct turn_id from read_parquet('{wh.source_glob('rollouts')}') "
+        "where policy_fp = ? and sampling_fp = ?",
+        [policy_fp, sampling_fp],
+    ).fetchall()
+    return {r[0] for r in rows}
+
+
+def generation_requests(wh: Warehouse, turn_ids: Iterable[str]) -> list:
+    """GenerationRequests (state rebuilt from trajectories.messages[:message_index]) in trajectory order,
+    so a trajectory's turns sit together and the backend can reuse their shared prefix."""
+    from pivot_assets.policies.base import GenerationRequest
+
+    wanted = pa.table({"turn_id": pa.array(sorted(set(turn_ids)), pa.string())})
+    con = duckdb.connect()
+    con.register("wanted", wanted)
+    rows = con.execute(
+        f"""
+        select u.turn_id, u.trajectory_id, u.message_index, t.messages, t.tools
+        from read_parquet('{wh.table_path('turns')}') u
+        join wanted using (turn_id)
+        join read_parquet('{wh.table_path('trajectories')}') t using (trajectory_id)
+        order by u.trajectory_id, u.message_index
+        """
+    ).fetchall()
+    con.close()
+    return [
+        GenerationRequest(
+            turn_id=tid,
+            trajectory_id=trid,
+            message_index=idx,
+            messages=list(messages[:idx]),
+            tools=json.loads(tools or "[]"),
+        )
+        for tid, trid, idx, messages, tools in rows
+    ]
+
+
+def generate_rollouts(wh: Warehouse, backend, sampling, requests: list, progress: Progress | None = None) -> dict:
+    """Generate K samples for each request; one atomic Parquet part per batch the backend yields."""
+    traj_of = {r.turn_id: r.trajectory_id for r in requests}
+    n_rows = n_tokens = 0
+    t0 = time.perf_counter()
+    for batch in backend.generate(requests, sampling):
+        if not batch:
+            continue
+        part = pa.Table.from_pylist(
+            [
+                {
+                    "turn_id": s.turn_id,
+                    "trajectory_id": traj_of[s.turn_id],
+                    "policy_fp": backend.fingerprint,
+                    "sampling_fp": sampling.fingerprint,
+                    "sample_index": s.sample_index,
+                    "completion": s.completion,
+                    "n_prompt_tokens": s.n_prompt_tokens,
+                    "n_completion_tokens": s.n_completion_tokens,
+                    "finish_reason": s.finish_reason,
+                }
+                for s in batch
+            ],
+            schema=ROLLOUTS_SCHEMA,
+        )
+        wh.append_part("rollouts", part)
+        n_rows += len(batch)
+        n_tokens += sum(s.n_completion_tokens for s in batch)
+        if progress:
+            progress.update(len(batch))
+    wall = time.perf_counter() - t0
+    return {"rollouts_generated": n_rows, "generated_tokens": n_tokens, "generation_s": round(wall, 2),
+            "tokens_per_s": round(n_tokens / wall, 1) if wall > 0 else 0.0}
+
+
+# -- scoring ---------------------------------------------------------------------------------
+def unscored_rollouts_sql(wh: Warehouse) -> str:
+    scored = (
+        f"""and not exists (select 1 from read_parquet('{wh.source_glob('rollout_rewards')}') s
+              where s.turn_id = r.turn_id and s.policy_fp = r.policy_fp and s.sampling_fp = r.sampling_fp
+                and s.sample_index = r.sample_index and s.verifier_fp = $verifier_fp)"""
+        if wh.part_files("rollout_rewards")
+        else ""
+    )
+    return f"""
+        select r.turn_id, r.sample_index, r.completion, u.domain, u.expert_action, u.message_index,
+               t.tools, t.messages
+        from read_parquet('{wh.source_glob('rollouts')}') r
+        join read_parquet('{wh.table_path('turns')}') u using (turn_id)
+        join read_parquet('{wh.table_path('trajectories')}') t on t.trajectory_id = u.trajectory_id
+        where r.policy_fp = $policy_fp and r.sampling_fp = $sampling_fp {scored}
+        order by r.turn_id, r.sample_index
+    """
+
+
+def score_rollouts(wh: Warehouse, verifiers, policy_fp: str, sampling_fp: str, progress_log=None) -> dict:
+    """Score every current rollout not yet scored under this verifier fingerprint."""
+    from pivot_assets.schema import canonical_json
+    from pivot_assets.verifiers import parse_candidate
+
+    verifier_fp = verifiers.fingerprint
+    con = duckdb.connect()
+    cur = con.execute(
+        unscored_rollouts_sql(wh), {"policy_fp": policy_fp, "sampling_fp": sampling_fp, "verifier_fp": verifier_fp}
+    )
+    n = 0
+    reasons: dict[str, int] = {}
+    t0 = time.perf_counter()
+    while rows := cur.fetchmany(SCORE_CHUNK):
+        items = [
+            {
+                "domain": domain,
+                "expected_action": expert,
+                "candidate": completion,
+                "tools": tools,
+                "state": list(messages[:idx]),
+            }
+            for _, _, completion, domain, expert, idx, tools, messages in rows
+        ]
+        scores = verifiers.score_rows(items)
+        out = []
+        for (tid, si, completion, domain, *_), sc in zip(rows, scores):
+            action, _err = parse_candidate(completion)
+            out.append(
+                {
+                    "turn_id": tid, "policy_fp": policy_fp, "sampling_fp": sampling_fp, "sample_index": si,
+                    "verifier_fp": verifier_fp, "domain": domain, "reward": float(sc.reward), "reason": sc.reason,
+                    "detail": sc.detail, "action": canonical_json(action) if action is not None else None,
+                }
+            )
+            reasons[sc.reason] = reasons.get(sc.reason, 0) + 1
+        wh.append_part("rollout_rewards", pa.Table.from_pylist(out, schema=REWARDS_SCHEMA))
+        n += len(out)
+        if progress_log:
+            progress_log(f"scored {n} rollouts")
+    con.close()
+    wall = time.perf_counter() - t0
+    return {"rollouts_scored": n, "scoring_s": round(wall, 2), "reasons": reasons,
+            "scores_per_s": round(n / wall) if wall > 0 and n else 0}
+
+
+# -- per-turn profiles -----------------------------------------------------------------------
+def profiles_sql(wh: Warehouse) -> str:
+    """One row per turn under (policy_fp, sampling_fp, verifier_fp); population variance (ddof=0),
+    so for binary rewards reward_var = mean * (1 - mean)."""
+    return f"""
+        select s.turn_id, u.trajectory_id, u.domain, s.policy_fp, s.sampling_fp, s.verifier_fp,
+               count(*)::int as k,
+               avg(s.reward) as reward_mean,
+               var_pop(s.reward) as reward_var,
+               stddev_pop(s.reward) as reward_std,
+               count(*) filter (where s.reward >= 1.0)::int as n_pass,
+               count(distinct coalesce(s.action, '<unparsed>'))::int as n_distinct_actions
+        from read_parquet('{wh.source_glob('rollout_rewards')}') s
+        join read_parquet('{wh.table_path('turns')}') u using (turn_id)
+        where s.policy_fp = $policy_fp and s.sampling_fp = $sampling_fp and s.verifier_fp = $verifier_fp
+        group by all
+        order by s.turn_id
+    """
+
+
+def build_profiles(wh: Warehouse, policy_fp: str, sampling_fp: str, verifier_fp: str) -> pa.Table:
+    con = duckdb.connect()
+    table = con.execute(
+        profiles_sql(wh), {"policy_fp": policy_fp, "sampling_fp": sampling_fp, "verifier_fp": verifier_fp}
+    ).arrow()
+    con.close()
+    return table
