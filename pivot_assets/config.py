@@ -66,6 +66,7 @@ class TrainingSection(_Strict):
     max_completion_length: int = Field(256, ge=1)
     eval_fraction: float = Field(0.1, ge=0.0, lt=1.0)
     eval_k: int = Field(4, ge=1)
+    seed: int = 0
     grpo: dict[str, Any] = Field(default_factory=dict)
 
 

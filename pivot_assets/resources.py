@@ -43,11 +43,20 @@ def _cell(v) -> str:
     return s if len(s) <= 60 else s[:57] + "..."
 
 
-def publish(wh: Warehouse, table: str, metadata: dict | None = None, *, preview: bool = True) -> dg.MaterializeResult:
+def publish(
+    wh: Warehouse,
+    table: str,
+    metadata: dict | None = None,
+    *,
+    preview: bool = True,
+    asset: str | None = None,
+    data_version: str | None = None,
+) -> dg.MaterializeResult:
     """Refresh the DuckDB views and describe a freshly written table to Dagster.
 
     The data version is a content fingerprint of the table, so downstream assets go stale only when
-    the data really changed (a rerun that writes identical rows keeps them fresh).
+    the data really changed (a rerun that writes identical rows keeps them fresh). A model asset
+    describes its side table (e.g. `sft_policy` -> `sft_steps`) and is versioned by its model key.
     """
     wh.refresh_views()
     con = wh.connect(read_only=True)
@@ -65,7 +74,9 @@ def publish(wh: Warehouse, table: str, metadata: dict | None = None, *, preview:
     for k, v in (metadata or {}).items():
         md[k] = v
     return dg.MaterializeResult(
-        asset_key=table, metadata=md, data_version=dg.DataVersion(wh.data_version(table))
+        asset_key=asset or table,
+        metadata=md,
+        data_version=dg.DataVersion(data_version or wh.data_version(table)),
     )
 
 
