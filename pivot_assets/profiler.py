@@ -202,9 +202,10 @@ def score_rollouts(wh: Warehouse, verifiers, policy_fp: str, sampling_fp: str, p
 
     verifier_fp = verifiers.fingerprint
     con = duckdb.connect()
-    cur = con.execute(
-        unscored_rollouts_sql(wh), {"policy_fp": policy_fp, "sampling_fp": sampling_fp, "verifier_fp": verifier_fp}
-    )
+    params = {"policy_fp": policy_fp, "sampling_fp": sampling_fp}
+    if wh.part_files("rollout_rewards"):
+        params["verifier_fp"] = verifier_fp
+    cur = con.execute(unscored_rollouts_sql(wh), params)
     n = 0
     reasons: dict[str, int] = {}
     t0 = time.perf_counter()
@@ -265,6 +266,6 @@ def build_profiles(wh: Warehouse, policy_fp: str, sampling_fp: str, verifier_fp:
     con = duckdb.connect()
     table = con.execute(
         profiles_sql(wh), {"policy_fp": policy_fp, "sampling_fp": sampling_fp, "verifier_fp": verifier_fp}
-    ).arrow()
+    ).fetch_arrow_table()
     con.close()
     return table

@@ -95,16 +95,21 @@ def stale_assets(defs: dg.Definitions, instance: dg.DagsterInstance) -> list[tup
         asset_graph=graph,
     )
     resolver = CachingStaleStatusResolver(instance=instance, asset_graph=graph, loading_context=view)
-    out = []
+    out: dict[dg.AssetKey, tuple[str, str]] = {}
     for key in graph.toposorted_asset_keys:
         status = resolver.get_status(key)
         if status == StaleStatus.MISSING:
-            out.append((key.to_user_string(), "MISSING", "never materialized"))
+            out[key] = ("MISSING", "never materialized")
         elif status == StaleStatus.STALE:
             causes = resolver.get_stale_root_causes(key) or resolver.get_stale_causes(key)
-            reason = "; ".join(sorted({_cause_text(c) for c in causes})) or "stale"
-            out.append((key.to_user_string(), "STALE", reason))
-    return out
+            out[key] = ("STALE", "; ".join(sorted({_cause_text(c) for c in causes})) or "stale")
+        else:
+            # Dagster reports only direct causes; a materialized asset below a stale or missing one
+            # will change when that one is rerun, so it is stale too.
+            upstream = sorted(p.to_user_string() for p in graph.get(key).parent_keys if p in out)
+            if upstream:
+                out[key] = ("STALE", f"upstream {', '.join(upstream)} is stale or missing")
+    return [(k.to_user_string(), *out[k]) for k in graph.toposorted_asset_keys if k in out]
 
 
 def _cause_text(cause) -> str:
