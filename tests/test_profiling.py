@@ -1,0 +1,96 @@
+"""Profiling with the embedded policy: turns x K rollouts, cached, resumable after kill -9, and a verifier
+change re-scores everything without generating a token."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dagster as dg
+import duckdb
+import pytest
+
+from pivot_assets.cli import main as pivot
+
+pytestmark = pytest.mark.slow
+VENV_BIN = Path(sys.executable).parent
+K = 2
+TURNS = 6
+
+BASE = f"""warehouse: ./wh
+sample: {{n_trajectories: 3, seed: 3}}
+policy: {{model: embedded, k: {K}, max_new_tokens: 8, limit_turns: {TURNS}, batch_size: 4}}
+"""
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch, embedded_model_dir):
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    monkeypatch.delenv("PIVOT_CONFIG", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pivot.yaml").write_text(BASE)
+    return tmp_path
+
+
+def rollout_keys(root: Path) -> list[tuple]:
+    return duckdb.sql(
+        f"select turn_id, policy_fp, sampling_fp, sample_index from read_parquet('{root}/wh/rollouts/part-*.parquet')"
+    ).fetchall()
+
+
+def last_metadata(asset: str) -> dict:
+    event = dg.DagsterInstance.get().get_latest_materialization_event(dg.AssetKey(asset))
+    return {k: v.value for k, v in event.asset_materialization.metadata.items()}
+
+
+def test_profile_cache_and_rescore(project, capsys):
+    stages = "trajectories,turns,rollouts,rollout_rewards,turn_profiles"
+    assert pivot(["run", "--select", stages]) == 0
+    keys = rollout_keys(project)
+    assert len(keys) == TURNS * K and len(set(keys)) == len(keys)
+    assert last_metadata("rollouts")["turns_generated"] == TURNS
+    profiles = duckdb.sql(f"select k, reward_mean, reward_var from read_parquet('{project}/wh/turn_profiles.parquet')").fetchall()
+    assert len(profiles) == TURNS and all(k == K and 0 <= m <= 1 and v >= 0 for k, m, v in profiles)
+
+    # a second run generates nothing and scores nothing
+    assert pivot(["run", "--select", stages]) == 0
+    assert last_metadata("rollouts")["turns_generated"] == 0
+    assert last_metadata("rollout_rewards")["rollouts_scored"] == 0
+    assert len(rollout_keys(project)) == TURNS * K
+
+    # a changed verifier threshold: scoring and below are stale, generation is not
+    (project / "pivot.yaml").write_text(BASE + "verifier: {default: {name: tool_call, text_threshold: 0.2}}\n")
+    capsys.readouterr()
+    assert pivot(["stale"]) == 0
+    stale = {line.split()[0]: line.split()[1] for line in capsys.readouterr().out.splitlines()}
+    assert stale.get("rollout_rewards") == "STALE" and stale.get("turn_profiles") == "STALE"
+    assert "rollouts" not in stale and "turns" not in stale
+    assert pivot(["run", "--select", "rollouts,rollout_rewards,turn_profiles"]) == 0
+    assert last_metadata("rollouts")["turns_generated"] == 0
+    assert last_metadata("rollout_rewards")["rollouts_scored"] == TURNS * K
+    assert len(rollout_keys(project)) == TURNS * K
+    verifier_fps = duckdb.sql(
+        f"select count(distinct verifier_fp) from read_parquet('{project}/wh/rollout_rewards/part-*.parquet')"
+    ).fetchone()[0]
+    assert verifier_fps == 2  # the old scores stay cached beside the new ones
+
+
+def test_kill_9_mid_rollouts_then_resume(project):
+    assert pivot(["run", "--select", "trajectories,turns"]) == 0
+    proc = subprocess.Popen([str(VENV_BIN / "pivot"), "run", "--select", "rollouts"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    parts = project / "wh" / "rollouts"
+    deadline = time.time() + 300
+    while time.time() < deadline and not list(parts.glob("part-*.parquet")) and proc.poll() is None:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    written = len(rollout_keys(project)) if list(parts.glob("part-*.parquet")) else 0
+    assert written < TURNS * K, "the run finished before it could be killed: make the test input larger"
+    assert pivot(["run", "--select", "rollouts"]) == 0
+    keys = rollout_keys(project)
+    assert len(keys) == TURNS * K and len(set(keys)) == len(keys)
+    assert last_metadata("rollouts")["turns_generated"] == TURNS - written // K
