@@ -1,0 +1,374 @@
+"""Candidate parsing: raw model output (or an action/message dict) -> action, never an exception.
+
+Accepted shapes
+- text with Hermes/Qwen `<tool_call>{json}</tool_call>` blocks (several = a batch). A final `<tool_call>` with
+  no closing tag is accepted when its JSON is complete (stop sequences often eat the tag); a cut-off JSON is
+  a PARSE_ERROR ("truncated").
+- a bare JSON tool call `{"name": ..., "arguments": ...}` (or `parameters`), a JSON list of them, optionally
+  in a ```json fence; Mistral's `[TOOL_CALLS][...]` prefix.
+- `<think>...</think>` reasoning is stripped; text after an orphan `</think>` (template opened the block) is
+  the answer; a `<think>` never closed means no answer was produced (PARSE_ERROR).
+- dicts: an action (`type` function_call / message / function_call_batch), an OpenAI chat message
+  (`tool_calls` with `function.name/arguments`, or content), a canonical message, a bare call dict; lists of
+  Responses output items or of tool-call objects.
+- anything else -> plain text -> message action. Empty output -> PARSE_ERROR.
+
+Tool calls win over text (same rule as schema.action_from_message).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from typing import Any, NamedTuple
+
+from .canonical import canonical_args, canonical_key, loads_canonical, reload_canonical
+
+
+class Call(NamedTuple):
+    name: str
+    args: Any  # canonical python value (a dict)
+    key: str  # canonical JSON text of args: the equality key
+    raw: Any  # arguments as sent (JSON strings not decoded): what schema validation sees
+
+
+class Parsed(NamedTuple):
+    kind: str  # "text" | "calls"
+    text: str
+    calls: tuple[Call, ...]
+
+    @property
+    def key(self) -> str:
+        """Canonical text of the whole action (equal keys = identical actions)."""
+        if self.kind == "text":
+            return canonical_key({"type": "message", "content": self.text})
+        return canonical_key([[c.name, c.key] for c in self.calls])
+
+
+class ParseError(ValueError):
+    pass
+
+
+_THINK_RE = re.compile(r"<think>.*?</think>", re.S)
+_FENCE_RE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
+_MAX_ERR = 160
+
+
+def _short(msg: str) -> str:
+    msg = " ".join(str(msg).split())
+    return msg if len(msg) <= _MAX_ERR else msg[:_MAX_ERR] + "..."
+
+
+# ---------------------------------------------------------------------------------------------------
+# building calls
+
+
+def _args_value(raw: Any, where: str) -> Any:
+    """Arguments as given (JSON text, dict, None) -> dict (numbers canonical when parsed from text)."""
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return {}
+    if isinstance(raw, str):
+        try:
+            raw = loads_canonical(raw)
+        except RecursionError:
+            raise ParseError(f"{where}: arguments nested too deeply") from None
+        except ValueError as e:
+            raise ParseError(f"{where}: arguments are not valid JSON ({_short(e)})") from None
+        if isinstance(raw, str) and raw.strip().startswith("{"):
+            # Doubly encoded arguments ("\"{\\\"a\\\": 1}\"") are a common serializer slip.
+            return _args_value(raw, where)
+    if not isinstance(raw, dict):
+        raise ParseError(f"{where}: arguments must be a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+def make_call(name: Any, raw_args: Any, where: str = "tool call") -> Call:
+    if not isinstance(name, str) or not name:
+        raise ParseError(f"{where}: missing tool name")
+    try:
+        # Arguments already decoded by loads_canonical (the usual case) skip the checks of _args_value.
+        raw = raw_args if type(raw_args) is dict else _args_value(raw_args, f"{where} {name!r}")
+        args, key = canonical_args(raw)
+        return Call(name, args, key, raw)
+    except RecursionError:
+        raise ParseError(f"{where} {name!r}: arguments nested too deeply") from None
+
+
+def _is_call_dict(obj: Any) -> bool:
+    return isinstance(obj, dict) and isinstance(obj.get("name"), str) and (
+        "arguments" in obj or "parameters" in obj or set(obj) <= {"name", "id", "type"})
+
+
+def _call_from_obj(obj: dict, where: str) -> Call:
+    """OpenAI tool_call object ({function: {...}}), flat call dict or Responses function_call item."""
+    fn = obj.get("function")
+    if isinstance(fn, dict):
+        obj = fn
+    raw_args = obj["arguments"] if "arguments" in obj else obj.get("parameters")
+    return make_call(obj.get("name"), raw_args, where)
+
+
+def _calls_parsed(calls: list[Call]) -> Parsed:
+    return Parsed("calls", "", tuple(calls))
+
+
+# ---------------------------------------------------------------------------------------------------
+# text
+
+
+def _strip_reasoning(text: str) -> str:
+    if "think>" not in text:  # the common case, without a regex scan
+        return text
+    text = _THINK_RE.sub("", text)
+    if "</think>" in text:  # the chat template opened <think> in the prompt: the answer follows the close
+        text = text.rsplit("</think>", 1)[1]
+    if "<think>" in text:
+        before = text.split("<think>", 1)[0]
+        if not before.strip():
+            raise ParseError("reasoning block never closed: no answer after <think> (truncated generation?)")
+        text = before
+    return text
+
+
+def _json_payload_calls(payload: str, where: str) -> list[Call]:
+    try:
+        obj = loads_canonical(payload)
+    except RecursionError:
+        raise ParseError(f"{where}: JSON nested too deeply") from None
+    except ValueError as e:
+        raise ParseError(f"{where}: invalid JSON ({_short(e)})") from None
+    items = obj if isinstance(obj, list) else [obj]
+    if not items:
+        raise ParseError(f"{where}: empty list of calls")
+    calls = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ParseError(f"{where}: a call must be a JSON object, got {type(item).__name__}")
+        calls.append(_call_from_obj(item, where if len(items) == 1 else f"{where}[{i}]"))
+    return calls
+
+
+def _tool_call_blocks(text: str) -> tuple[list[str], str | None]:
+    """(closed <tool_call> block bodies, body of a final unclosed block or None); str.find, no regex scan."""
+    open_tag, close_tag = "<tool_call>", "</tool_call>"
+    blocks, pos = [], 0
+    while True:
+        start = text.find(open_tag, pos)
+        if start < 0:
+            return blocks, None
+        end = text.find(close_tag, start + len(open_tag))
+        if end < 0:
+            return blocks, text[start + len(open_tag):]
+        blocks.append(text[start + len(open_tag):end])
+        pos = end + len(close_tag)
+
+
+def _hermes_calls(text: str) -> list[Call] | None:
+    if "<tool_call>" not in text:
+        return None
+    blocks, unclosed = _tool_call_blocks(text)
+    calls: list[Call] = []
+    for i, block in enumerate(blocks):
+        calls.extend(_json_payload_calls(block.strip(), f"<tool_call> block {i + 1}"))
+    if unclosed is not None:
+        try:
+            calls.extend(_json_payload_calls(unclosed.strip(), "unclosed <tool_call>"))
+        except ParseError as e:
+            raise ParseError(f"truncated tool call: {e}") from None
+    return calls
+
+
+def _bare_json_calls(text: str) -> list[Call] | None:
+    """A whole-text JSON tool call (or list of them); None when the text is not shaped like one."""
+    t = text.strip()
+    if t.startswith("[TOOL_CALLS]"):
+        return _json_payload_calls(t[len("[TOOL_CALLS]"):].strip(), "[TOOL_CALLS]")
+    m = _FENCE_RE.match(t)
+    if m:
+        t = m.group(1)
+    if not t or t[0] not in "{[" or t[-1] not in "}]":
+        return None
+    try:
+        obj = loads_canonical(t)
+    except (ValueError, RecursionError):
+        return None  # JSON-looking prose: a message
+    if isinstance(obj, dict) and isinstance(obj.get("tool_calls"), list):
+        return [_call_from_obj(c, "tool_calls") for c in obj["tool_calls"] if isinstance(c, dict)] or None
+    if _is_call_dict(obj) or (isinstance(obj, dict) and isinstance(obj.get("function"), dict)):
+        return [_call_from_obj(obj, "JSON tool call")]
+    if isinstance(obj, list) and obj and all(_is_call_dict(o) for o in obj):
+        return [_call_from_obj(o, f"JSON tool call [{i}]") for i, o in enumerate(obj)]
+    return None
+
+
+def _parse_text(text: str) -> Parsed:
+    text = _strip_reasoning(text)
+    calls = _hermes_calls(text)
+    if calls is None:
+        calls = _bare_json_calls(text)
+    if calls:
+        return _calls_parsed(calls)
+    if not text.strip():
+        raise ParseError("empty completion")
+    return Parsed("text", text.strip(), ())
+
+
+# ---------------------------------------------------------------------------------------------------
+# dicts and lists
+
+
+def _content_text(content: Any) -> str:
+    """Message content as str: plain string, or a list of parts ({type: text|output_text, text})."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for p in content:
+            if isinstance(p, str):
+                parts.append(p)
+            elif isinstance(p, dict) and isinstance(p.get("text"), str):
+                parts.append(p["text"])
+        return "".join(parts)
+    raise ParseError(f"message content must be text, got {type(content).__name__}")
+
+
+def _parse_action_dict(obj: dict) -> Parsed:
+    kind = obj.get("type")
+    if kind == "function_call":
+        return _calls_parsed([make_call(obj.get("name"), obj.get("arguments"), "function_call")])
+    if kind == "function_call_batch":
+        calls = obj.get("calls")
+        if not isinstance(calls, list) or not calls:
+            raise ParseError("function_call_batch needs a non-empty 'calls' list")
+        return _calls_parsed([_call_from_obj(c, f"batch call {i}") if isinstance(c, dict)
+                              else _raise(f"batch call {i} is not an object") for i, c in enumerate(calls)])
+    if kind == "message":
+        return Parsed("text", _content_text(obj.get("content")).strip(), ())
+    raise ParseError(f"unknown action type {kind!r}")
+
+
+def _raise(msg: str):
+    raise ParseError(msg)
+
+
+def _parse_dict(obj: dict) -> Parsed:
+    if obj.get("type") in ("function_call", "function_call_batch", "message") and "role" not in obj:
+        return _parse_action_dict(obj)
+    if "tool_calls" in obj or "role" in obj or "content" in obj:  # a chat message
+        tool_calls = obj.get("tool_calls") or []
+        if not isinstance(tool_calls, list):
+            raise ParseError("tool_calls must be a list")
+        if tool_calls:
+            return _calls_parsed([_call_from_obj(c, f"tool_calls[{i}]") if isinstance(c, dict)
+                                  else _raise(f"tool_calls[{i}] is not an object") for i, c in enumerate(tool_calls)])
+        return _parse_text(_content_text(obj.get("content")))
+    if _is_call_dict(obj) or isinstance(obj.get("function"), dict):
+        return _calls_parsed([_call_from_obj(obj, "tool call")])
+    raise ParseError(f"unrecognized candidate object with keys {sorted(obj)[:8]}")
+
+
+def _parse_list(items: list) -> Parsed:
+    """Responses output items and/or tool-call objects; calls win, text items are joined."""
+    calls, texts = [], []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ParseError(f"item {i} is not an object")
+        t = item.get("type")
+        if t == "reasoning":
+            continue
+        if t == "message" or "role" in item:
+            texts.append(_content_text(item.get("content")))
+        elif t in ("function_call", "function") or _is_call_dict(item) or isinstance(item.get("function"), dict):
+            calls.append(_call_from_obj(item, f"item {i}"))
+        else:
+            raise ParseError(f"item {i}: unrecognized output item type {t!r}")
+    if calls:
+        return _calls_parsed(calls)
+    return _parse_text("\n".join(texts))
+
+
+# ---------------------------------------------------------------------------------------------------
+# entry points
+
+
+@lru_cache(maxsize=131072)
+def _prepare_text_cached(text: str) -> tuple[Parsed | None, str | None]:
+    try:
+        return _parse_text(text), None
+    except ParseError as e:
+        return None, str(e)
+    except RecursionError:
+        return None, "completion nested too deeply"
+
+
+def prepare_candidate(candidate: Any) -> tuple[Parsed | None, str | None]:
+    """Candidate (text, bytes, dict, list) -> (Parsed, None) or (None, one-line error). Never raises."""
+    if isinstance(candidate, str):
+        return _prepare_text_cached(candidate)
+    if isinstance(candidate, (bytes, bytearray)):
+        return _prepare_text_cached(bytes(candidate).decode("utf-8", errors="replace"))
+    if isinstance(candidate, (dict, list)):
+        try:  # numbers canonical (1.0 -> 1) and only JSON types from here on, as for parsed text
+            candidate = reload_canonical(candidate)
+        except (TypeError, ValueError, RecursionError) as e:
+            return None, f"candidate is not JSON-serializable ({_short(e)})"
+    try:
+        if isinstance(candidate, dict):
+            return _parse_dict(candidate), None
+        if isinstance(candidate, list):
+            return _parse_list(candidate), None
+    except ParseError as e:
+        return None, str(e)
+    except RecursionError:
+        return None, "candidate nested too deeply"
+    return None, f"unsupported candidate type {type(candidate).__name__}"
+
+
+@lru_cache(maxsize=65536)
+def _prepare_expected_text(text: str) -> tuple[Parsed | None, str | None]:
+    try:
+        obj = loads_canonical(text)
+    except (ValueError, RecursionError) as e:
+        return None, f"expected_action is not valid JSON ({_short(e)})"
+    if not isinstance(obj, dict):
+        return None, "expected_action must be a JSON object"
+    try:
+        return _parse_action_dict(obj), None
+    except ParseError as e:
+        return None, f"expected_action: {e}"
+    except RecursionError:
+        return None, "expected_action nested too deeply"
+
+
+def prepare_expected(expected: Any) -> tuple[Parsed | None, str | None]:
+    """Expert action (dict or its JSON text) -> (Parsed, None) or (None, error). Cached on the JSON text."""
+    if isinstance(expected, str):
+        return _prepare_expected_text(expected)
+    if isinstance(expected, dict):
+        try:
+            text = json.dumps(expected, sort_keys=True, separators=(",", ":"))
+        except (TypeError, ValueError, RecursionError) as e:
+            return None, f"expected_action is not JSON-serializable ({_short(e)})"
+        return _prepare_expected_text(text)
+    return None, f"expected_action must be an action object, got {type(expected).__name__}"
+
+
+def parsed_to_action(parsed: Parsed) -> dict:
+    """Internal parsed form -> action dict in the DESIGN.md shape (arguments as canonical JSON text)."""
+    if parsed.kind == "text":
+        return {"type": "message", "content": parsed.text}
+    calls = [{"type": "function_call", "name": c.name, "arguments": c.key} for c in parsed.calls]
+    if len(calls) == 1:
+        return calls[0]
+    return {"type": "function_call_batch", "calls": calls}
+
+
+def parse_candidate(text_or_obj: Any) -> tuple[dict | None, str | None]:
+    """Raw completion (or action/message dict) -> (action, None) or (None, one-line error). Never raises."""
+    parsed, err = prepare_candidate(text_or_obj)
+    if parsed is None:
+        return None, err
+    return parsed_to_action(parsed), None

@@ -1,0 +1,390 @@
+"""`tool_call`: the functional verifier (PivotRL's reward for tool-use turns).
+
+A candidate call is accepted when it is the same tool with equivalent arguments:
+1. same tool name (else UNEXPECTED_TOOL);
+2. identical canonical arguments (key order, 1 vs 1.0, JSON text vs object) -> OK at once (fast path);
+3. otherwise, when the tools are known, optional arguments equal to their schema default are dropped on both
+   sides, then argument-by-argument comparison: MISSING_ARGUMENT / EXTRA_ARGUMENT / ARGUMENT_VALUE_DIFFERENT,
+   with configurable string normalization, a float tolerance, and free text (several words on both sides)
+   compared by word overlap or a similarity ratio against a threshold (NeMo-Gym's argument comparison is the
+   model);
+4. a candidate found equivalent must also validate against the tool's JSON schema when the tools are known
+   (SCHEMA_INVALID: e.g. a case-folded enum value, 2.0000001 for an integer). Validating last keeps the more
+   specific reasons for wrong calls and runs the (slow) validator only on would-be passes.
+Parallel calls are an unordered multiset: maximum bipartite matching of equivalent calls; binary mode pays 1
+only for a perfect matching, f1 mode pays the F1 of matched calls. Text vs call is 0 (SPOKE_INSTEAD_OF_CALL /
+CALLED_INSTEAD_OF_SPEAK); text vs text goes to a configurable text verifier, never an automatic 1.0.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from functools import lru_cache
+from typing import Any, NamedTuple
+
+import jsonschema
+from jsonschema.exceptions import SchemaError
+from rapidfuzz import fuzz
+
+from pivot_assets.schema import canonical_json
+
+from .base import Param, Reason, Score, Verifier, tools_as_list
+from .canonical import canonical_key, canonicalize, n_words, normalize_text, word_overlap
+from .matching import max_bipartite_matching
+from .parsing import Call, Parsed
+
+_MAX_CACHED_ARGS = 65536  # larger argument texts are validated uncached
+_MAX_PAIRWISE = 4096  # batch comparisons beyond this are not attempted pairwise (adversarial batches)
+
+
+class SchemaInfo(NamedTuple):
+    key: str  # canonical JSON of the parameters schema
+    defaults: dict  # optional argument -> canonical JSON of its default
+
+    @property
+    def validator(self) -> Any:
+        """Compiled jsonschema validator (None when the schema itself is invalid); built on first use."""
+        return compiled_validator(self.key)
+
+
+@lru_cache(maxsize=4096)
+def schema_info(schema_key: str) -> SchemaInfo:
+    """Defaults of one parameters schema, cached by its canonical JSON (the validator compiles lazily)."""
+    schema = json.loads(schema_key)
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    required = set(schema.get("required") or []) if isinstance(schema, dict) else set()
+    defaults = {}
+    if isinstance(props, dict):
+        for name, prop in props.items():
+            if isinstance(prop, dict) and "default" in prop and name not in required:
+                defaults[name] = canonical_key(canonicalize(prop["default"]))
+    return SchemaInfo(schema_key, defaults)
+
+
+@lru_cache(maxsize=4096)
+def compiled_validator(schema_key: str) -> Any:
+    """jsonschema validator for a schema (checked against its metaschema once); None for a broken schema."""
+    schema = json.loads(schema_key)
+    if not isinstance(schema, dict):
+        return None
+    try:
+        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        cls.check_schema(schema)
+        return cls(schema)
+    except SchemaError:
+        return None  # a broken tool schema says nothing about the candidate
+
+
+@lru_cache(maxsize=1024)
+def _tools_index_from_text(tools_text: str) -> dict[str, str]:
+    return _tools_index(tools_as_list(tools_text))
+
+
+def _tool_entry(tool: Any) -> tuple[str | None, Any]:
+    """(name, parameters) of an OpenAI chat tool schema or a flat Responses-style tool."""
+    if not isinstance(tool, dict):
+        return None, None
+    fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+    return fn.get("name"), fn.get("parameters")
+
+
+def _tools_index(tools: list) -> dict[str, str]:
+    index = {}
+    for tool in tools:
+        name, params = _tool_entry(tool)
+        if isinstance(name, str) and isinstance(params, dict):
+            index[name] = canonical_key(params)
+    return index
+
+
+# Tool lists passed as Python lists, indexed by id(). The entry keeps a reference to the list, so its id cannot
+# be reused while cached; a list mutated in place after first use is not re-indexed (tools are read-only data).
+_LIST_INDEX: dict[int, tuple[list, dict[str, str]]] = {}
+_LIST_INDEX_MAX = 4096
+
+
+def _tools_index_from_list(tools: list) -> dict[str, str]:
+    hit = _LIST_INDEX.get(id(tools))
+    if hit is not None and hit[0] is tools:
+        return hit[1]
+    if len(_LIST_INDEX) >= _LIST_INDEX_MAX:
+        _LIST_INDEX.clear()
+    index = _tools_index(tools)
+    _LIST_INDEX[id(tools)] = (tools, index)
+    return index
+
+
+def find_schema(tools: Any, name: str) -> SchemaInfo | None:
+    """Schema info of tool `name` from tools given as a list or JSON text; None when unknown."""
+    if not tools:
+        return None
+    if isinstance(tools, str):
+        key = _tools_index_from_text(tools).get(name)
+    elif isinstance(tools, list):
+        key = _tools_index_from_list(tools).get(name)
+    else:
+        key = None
+    return schema_info(key) if key else None
+
+
+def _validation_error(info: SchemaInfo, args: Any) -> str | None:
+    error = jsonschema.exceptions.best_match(info.validator.iter_errors(args))
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path) or "arguments"
+    return f"{where}: {error.message[:200]}"
+
+
+@lru_cache(maxsize=16384)
+def _validation_error_cached(schema_key: str, args_key: str) -> str | None:
+    return _validation_error(schema_info(schema_key), json.loads(args_key))
+
+
+def validate_args(info: SchemaInfo, raw_args: Any) -> str | None:
+    """First schema violation of the arguments as sent (before JSON-in-string decoding), or None."""
+    if not isinstance(raw_args, dict) or info.validator is None:
+        return None
+    args_key = canonical_key(raw_args)
+    if len(args_key) > _MAX_CACHED_ARGS:  # do not pin megabytes in the LRU
+        return _validation_error(info, raw_args)
+    return _validation_error_cached(info.key, args_key)
+
+
+def _short(value: Any, n: int = 60) -> str:
+    text = value if isinstance(value, str) else canonical_json(value)
+    return repr(text if len(text) <= n else text[:n] + "...")
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number")
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}[{key}]" if isinstance(key, int) else (f"{path}.{key}" if path else str(key))
+
+
+class ToolCallVerifier(Verifier):
+    """Functional tool-call equivalence (see module docstring)."""
+
+    name = "tool_call"
+    version = "1"
+    params = {
+        "mode": Param("str", "binary", choices=("binary", "f1")),
+        # Text vs text: string_similarity at text_threshold, unless text_verifier names another verifier spec.
+        "text_threshold": Param("float", 0.5, lo=0.0, hi=1.0),
+        "text_verifier": Param("spec", None),
+        "ignore_case": Param("bool", False),
+        "collapse_whitespace": Param("bool", True),
+        "strip_punctuation": Param("bool", False),
+        "free_text_threshold": Param("float", 0.75, lo=0.0, hi=1.0),
+        "free_text_min_words": Param("int", 3, lo=1),
+        "free_text_metric": Param("str", "word_overlap", choices=("word_overlap", "ratio", "token_sort_ratio")),
+        "float_tolerance": Param("float", 1e-6, lo=0.0),
+        "validate_schema": Param("bool", True),
+        "drop_schema_defaults": Param("bool", True),
+        "ignore_arguments": Param("list", []),
+        "unordered_lists": Param("bool", False),
+    }
+
+    def __init__(self, **config: Any) -> None:
+        super().__init__(**config)
+        from .registry import build_verifier  # the text verifier may be any registered verifier
+
+        spec = self.config["text_verifier"] or {"name": "string_similarity", "threshold": self.config["text_threshold"]}
+        self.text_verifier = build_verifier(spec)
+        if not all(isinstance(a, str) for a in self.config["ignore_arguments"]):
+            raise ValueError("verifier 'tool_call': parameter 'ignore_arguments' must list argument names")
+        self._ignored = frozenset(self.config["ignore_arguments"])
+        self._norm = (self.config["ignore_case"], self.config["collapse_whitespace"], self.config["strip_punctuation"])
+
+    def children(self) -> dict:
+        return {"text_verifier": self.text_verifier}
+
+    # -- top level --------------------------------------------------------------------------------
+    def score_parsed(self, expected: Parsed, candidate: Parsed, tools: Any, state: list | None) -> Score:
+        if expected.kind == "text":
+            if candidate.kind == "text":
+                return self.text_verifier.score_parsed(expected, candidate, tools, state)
+            return Score(0.0, Reason.CALLED_INSTEAD_OF_SPEAK, f"expected a reply, got a call to {candidate.calls[0].name!r}")
+        if candidate.kind == "text":
+            return Score(0.0, Reason.SPOKE_INSTEAD_OF_CALL, f"expected a call to {expected.calls[0].name!r}, got a reply")
+        if len(expected.calls) == 1 and len(candidate.calls) == 1:
+            return self.score_call(expected.calls[0], candidate.calls[0], tools)
+        return self.score_calls(expected.calls, candidate.calls, tools)
+
+    # -- one call ---------------------------------------------------------------------------------
+    def score_call(self, expected: Call, candidate: Call, tools: Any) -> Score:
+        """Score one candidate call against one expected call."""
+        if expected.name != candidate.name:
+            return Score(0.0, Reason.UNEXPECTED_TOOL, f"expected {expected.name!r}, got {candidate.name!r}")
+        if expected.key == candidate.key:
+            return Score(1.0, Reason.OK, "")
+        info = find_schema(tools, expected.name) if tools else None
+        diff = self.compare(self._comparable(expected.args, info), self._comparable(candidate.args, info), "")
+        if diff is not None:
+            return Score(0.0, diff[0], diff[1])
+        # Equivalent to the expert: it must also be a call the tool accepts (validated last, so the cheaper and
+        # more specific reasons above explain wrong calls, and the validator runs only on would-be passes).
+        if info is not None and self.config["validate_schema"]:
+            err = validate_args(info, candidate.raw)
+            if err:
+                return Score(0.0, Reason.SCHEMA_INVALID, err)
+        return Score(1.0, Reason.OK, "equivalent after normalization")
+
+    def _comparable(self, args: dict, info: SchemaInfo | None) -> dict:
+        """Arguments minus ignored ones and (when the schema is known) optional ones equal to their default."""
+        defaults = info.defaults if (info is not None and self.config["drop_schema_defaults"]) else {}
+        if not self._ignored and not defaults:
+            return args
+        return {k: v for k, v in args.items()
+                if k not in self._ignored and not (k in defaults and canonical_key(v) == defaults[k])}
+
+    # -- values -----------------------------------------------------------------------------------
+    def compare(self, exp: Any, cand: Any, path: str) -> tuple[str, str] | None:
+        """None when equivalent, else (reason, detail) for the first difference found."""
+        if isinstance(exp, dict):
+            if not isinstance(cand, dict):
+                return Reason.ARGUMENT_VALUE_DIFFERENT, f"{path or 'arguments'}: expected object, got {_type_name(cand)}"
+            for key in exp:
+                if key not in cand:
+                    return Reason.MISSING_ARGUMENT, f"missing argument {_join(path, key)!r}"
+            for key in cand:
+                if key not in exp:
+                    return Reason.EXTRA_ARGUMENT, f"unexpected argument {_join(path, key)!r}"
+            for key in sorted(exp):
+                diff = self.compare(exp[key], cand[key], _join(path, key))
+                if diff is not None:
+                    return diff
+            return None
+        if isinstance(exp, list):
+            return self._compare_lists(exp, cand, path)
+        if isinstance(exp, str) and isinstance(cand, str):
+            return self._compare_strings(exp, cand, path)
+        if _is_number(exp) and _is_number(cand):
+            if exp == cand or _close(exp, cand, self.config["float_tolerance"]):
+                return None
+            return Reason.ARGUMENT_VALUE_DIFFERENT, f"{path}: expected {exp}, got {cand}"
+        if type(exp) is type(cand) and exp == cand:  # booleans, null
+            return None
+        if _type_name(exp) != _type_name(cand):
+            return Reason.ARGUMENT_VALUE_DIFFERENT, (
+                f"{path}: expected {_type_name(exp)} {_short(exp)}, got {_type_name(cand)} {_short(cand)}")
+        return Reason.ARGUMENT_VALUE_DIFFERENT, f"{path}: expected {_short(exp)}, got {_short(cand)}"
+
+    def _compare_lists(self, exp: list, cand: Any, path: str) -> tuple[str, str] | None:
+        if not isinstance(cand, list):
+            return Reason.ARGUMENT_VALUE_DIFFERENT, f"{path}: expected array, got {_type_name(cand)}"
+        if len(exp) != len(cand):
+            return Reason.ARGUMENT_VALUE_DIFFERENT, f"{path}: expected {len(exp)} items, got {len(cand)}"
+        first_diff = None
+        for i, (e, c) in enumerate(zip(exp, cand)):
+            diff = self.compare(e, c, _join(path, i))
+            if diff is not None:
+                first_diff = diff
+                break
+        if first_diff is None or not self.config["unordered_lists"] or len(exp) * len(exp) > _MAX_PAIRWISE:
+            return first_diff
+        pairs = max_bipartite_matching(len(exp), len(cand), lambda i, j: self.compare(exp[i], cand[j], "") is None)
+        return None if len(pairs) == len(exp) else first_diff
+
+    def _compare_strings(self, exp: str, cand: str, path: str) -> tuple[str, str] | None:
+        if exp == cand:
+            return None
+        ne, nc = normalize_text(exp, *self._norm), normalize_text(cand, *self._norm)
+        if ne == nc:
+            return None
+        min_words = self.config["free_text_min_words"]
+        if n_words(exp) >= min_words and n_words(cand) >= min_words:
+            sim = self._free_text_similarity(ne, nc)
+            if sim >= self.config["free_text_threshold"]:
+                return None
+            return Reason.ARGUMENT_VALUE_DIFFERENT, (
+                f"{path}: free text similarity {sim:.2f} < {self.config['free_text_threshold']}")
+        return Reason.ARGUMENT_VALUE_DIFFERENT, f"{path}: expected {_short(exp)}, got {_short(cand)}"
+
+    def _free_text_similarity(self, a: str, b: str) -> float:
+        metric = self.config["free_text_metric"]
+        if metric == "word_overlap":
+            return word_overlap(a, b)
+        scorer = fuzz.ratio if metric == "ratio" else fuzz.token_sort_ratio
+        return scorer(a.casefold(), b.casefold()) / 100.0
+
+    # -- parallel calls ---------------------------------------------------------------------------
+    def score_calls(self, expected: tuple[Call, ...], candidate: tuple[Call, ...], tools: Any) -> Score:
+        """Unordered multiset comparison of parallel calls by maximum bipartite matching."""
+        n_exp, n_cand = len(expected), len(candidate)
+        if self.config["mode"] == "binary" and n_exp != n_cand:
+            return Score(0.0, Reason.WRONG_CALL_COUNT, f"expected {n_exp} calls, got {n_cand}")
+        # Identical calls pair up first in O(n); only the leftovers need pairwise comparison.
+        left_exp, left_cand, exact = _pair_identical(expected, candidate)
+        pair_scores: dict[tuple[int, int], Score] = {}
+
+        def equivalent(i: int, j: int) -> bool:
+            s = pair_scores.get((i, j))
+            if s is None:
+                s = pair_scores[(i, j)] = self.score_call(left_exp[i], left_cand[j], tools)
+            return s.reward >= 1.0
+
+        pairs = []
+        if left_exp and left_cand and len(left_exp) * len(left_cand) <= _MAX_PAIRWISE:
+            pairs = max_bipartite_matching(len(left_exp), len(left_cand), equivalent)
+        tp = exact + len(pairs)
+        if tp == n_exp == n_cand:
+            return Score(1.0, Reason.OK, f"{tp} calls matched")
+        reason, why = self._unmatched_reason(left_exp, left_cand, pairs, pair_scores, tools, n_exp, n_cand)
+        detail = f"matched {tp} of {n_exp} expected calls ({n_cand} candidate calls); {why}"
+        if self.config["mode"] == "binary" or tp == 0:
+            return Score(0.0, reason, detail)
+        precision, recall = tp / n_cand, tp / n_exp
+        return Score(2 * precision * recall / (precision + recall), reason, detail)
+
+    def _unmatched_reason(self, left_exp, left_cand, pairs, pair_scores, tools, n_exp, n_cand) -> tuple[str, str]:
+        """Why the first unmatched expected call found no partner (its comparison with a same-name leftover)."""
+        if n_exp != n_cand:
+            return Reason.WRONG_CALL_COUNT, f"expected {n_exp} calls, got {n_cand}"
+        used_exp = {i for i, _ in pairs}
+        used_cand = {j for _, j in pairs}
+        for i, call in enumerate(left_exp):
+            if i in used_exp:
+                continue
+            for j, other in enumerate(left_cand):
+                if j not in used_cand and other.name == call.name:
+                    s = pair_scores.get((i, j)) or self.score_call(call, other, tools)
+                    return s.reason, f"{call.name}: {s.detail}"
+            return Reason.UNEXPECTED_TOOL, f"no candidate call to {call.name!r}"
+        return Reason.WRONG_CALL_COUNT, "unmatched candidate calls"
+
+
+def _close(a: int | float, b: int | float, tolerance: float) -> bool:
+    """|a - b| <= tolerance, relative above 1; ints too large for a float compare exactly."""
+    try:
+        return abs(a - b) <= tolerance * max(1.0, abs(a))
+    except OverflowError:
+        return False
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _pair_identical(expected: tuple[Call, ...], candidate: tuple[Call, ...]) -> tuple[list[Call], list[Call], int]:
+    """Remove identical (name, canonical args) pairs; returns (leftover expected, leftover candidate, n paired)."""
+    remaining = Counter((c.name, c.key) for c in candidate)
+    left_exp = []
+    exact = 0
+    for call in expected:
+        k = (call.name, call.key)
+        if remaining[k] > 0:
+            remaining[k] -= 1
+            exact += 1
+        else:
+            left_exp.append(call)
+    left_cand = []
+    for call in candidate:
+        k = (call.name, call.key)
+        if remaining[k] > 0:
+            remaining[k] -= 1
+            left_cand.append(call)
+    return left_exp, left_cand, exact
