@@ -25,7 +25,7 @@ def resolved_inputs(cfg: PivotConfig) -> list[dict]:
     sample = cfg.warehouse_dir / "inputs" / f"embedded_sample_{cfg.sample.n_trajectories}_{cfg.sample.seed}.jsonl"
     if not sample.exists():
         write_sample(sample, n=cfg.sample.n_trajectories, seed=cfg.sample.seed)
-    return [{"path": str(sample), "format": "openai", "domain": "shop"}]
+    return [{"path": str(sample), "format": "openai", "domain": None}]
 
 
 def inputs_fingerprint(cfg: PivotConfig) -> str:
