@@ -124,3 +124,15 @@ def test_cli_errors_are_one_line(project, config, argv, expected):
     err = proc.stderr.strip()
     assert expected in err, err
     assert "Traceback" not in err and len(err.splitlines()) == 1, err
+
+
+def test_workspace_loads_in_dagster(project, tmp_path):
+    """`dagster dev` / the UI load definitions.py through workspace.yaml from the repo root."""
+    home = tmp_path / "dagster_home"
+    home.mkdir(exist_ok=True)
+    proc = subprocess.run(
+        [str(VENV_BIN / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
+        cwd=REPO, capture_output=True, text=True, env={**os.environ, "DAGSTER_HOME": str(home)},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "All code locations passed validation" in proc.stderr + proc.stdout
