@@ -6,6 +6,7 @@ import time
 from contextlib import contextmanager
 
 import dagster as dg
+import polars as pl
 
 from pivot_assets.config import PivotConfig, load_config
 from pivot_assets.warehouse import Warehouse
@@ -30,7 +31,8 @@ def table_preview(wh: Warehouse, table: str, limit: int = 5) -> str:
         df = con.sql(f"select * from {table} limit {int(limit)}").pl()
     finally:
         con.close()
-    cols = [c for c in df.columns if df[c].dtype.is_numeric() or df[c].dtype == __import__("polars").Utf8][:10]
+    # scalar columns only: nested messages or lists make an unreadable preview
+    cols = [c for c in df.columns if df[c].dtype.is_numeric() or df[c].dtype == pl.Utf8][:10]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for row in df.select(cols).iter_rows():
         lines.append("| " + " | ".join(_cell(v) for v in row) + " |")
