@@ -1,0 +1,174 @@
+"""Profiling throughput: the transformers backend vs the naive way, on the same tau2-bench airline turns.
+
+Naive = one `model.generate(num_return_sequences=K)` per turn: every prompt prefilled K times, no
+reuse across the turns of a trajectory. Ours = TransformersBackend: each prompt prefilled once,
+the prefix shared with the previous turn reused, many turns x K rows decoded per step.
+
+Prints the config and a markdown table: wall time, prefill tokens computed vs the trajectories'
+unique prefix tokens, generated tokens, and the FLOP floor (2 * params * tokens / measured GFLOP/s).
+Also checks bf16 vs fp32 agreement on one prompt's next-token distribution.
+
+    .venv/bin/python bench/bench_profiling.py [--trajectories 2 --turns 5 --k 4 --max-new-tokens 16]
+    .venv/bin/python bench/bench_profiling.py --trajectories 3 --turns 0 --k 8 --max-new-tokens 64 --skip-naive
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from pivot_assets.policies.base import GenerationRequest, SamplingConfig  # noqa: E402
+from pivot_assets.policies.transformers_backend import TransformersBackend, common_prefix_len  # noqa: E402
+from pivot_assets.schema import turn_id  # noqa: E402
+
+DATA = REPO.parent / "shared" / "data" / "tau2-bench" / "airline_run1.json"
+
+
+def load_turns(n_traj: int, n_turns: int) -> list[GenerationRequest]:
+    """First `n_turns` assistant turns (0: all) of the first `n_traj` trajectories that have that many."""
+    import json
+
+    from pivot_assets.formats import iter_ingest
+
+    requests = []
+    for kind, row in iter_ingest([{"path": str(DATA), "format": "tau2"}]):
+        if kind != "trajectory":
+            continue
+        msgs, tools = row["messages"], json.loads(row["tools"])
+        idx = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
+        if len(idx) < max(n_turns, 1):
+            continue
+        tid = row["trajectory_id"]
+        requests += [GenerationRequest(turn_id(tid, i), tid, i, msgs[:i], tools) for i in idx[: n_turns or None]]
+        if len({r.trajectory_id for r in requests}) == n_traj:
+            break
+    return requests
+
+
+def unique_prefix_tokens(backend: TransformersBackend, requests: list[GenerationRequest]) -> tuple[int, int]:
+    """(sum of per-turn prompt tokens, tokens of the trie of each trajectory's prompts)."""
+    total = unique = 0
+    prev: dict[str, list[int]] = {}
+    for r in sorted(requests, key=lambda r: (r.trajectory_id, r.message_index)):
+        ids = backend.prompt_ids(r)
+        total += len(ids)
+        unique += len(ids) - common_prefix_len(prev.get(r.trajectory_id, []), ids)
+        prev[r.trajectory_id] = ids
+    return total, unique
+
+
+def matmul_gflops(dtype: torch.dtype, n: int = 1024, reps: int = 8) -> float:
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    start = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * n**3 * reps / (time.perf_counter() - start) / 1e9
+
+
+def run_ours(model_dir: str, dtype: str, requests, sampling) -> dict:
+    backend = TransformersBackend(model=model_dir, dtype=dtype, batch_size=64)
+    start = time.perf_counter()
+    n = sum(len(b) for b in backend.generate(requests, sampling))
+    wall = time.perf_counter() - start
+    return {"wall_s": wall, "samples": n, "prefill": backend.stats["prefill_tokens_computed"],
+            "generated": backend.stats["generated_tokens"], "backend": backend}
+
+
+def run_naive(backend: TransformersBackend, requests, sampling) -> dict:
+    model, tok = backend.model, backend.tokenizer
+    torch.manual_seed(sampling.seed)
+    prefill = generated = n = 0
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for r in requests:
+            ids = torch.tensor([backend.prompt_ids(r)])
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=sampling.temperature,
+                                 top_p=sampling.top_p, max_new_tokens=sampling.max_new_tokens,
+                                 num_return_sequences=sampling.k, pad_token_id=tok.pad_token_id)
+            prefill += sampling.k * ids.shape[1]
+            new = out[:, ids.shape[1]:]
+            # tokens up to and including the first stop token, per row
+            for row in new.tolist():
+                stop = next((i for i, t in enumerate(row) if t in backend.stop_ids), len(row) - 1)
+                generated += stop + 1
+            n += new.shape[0]
+    return {"wall_s": time.perf_counter() - start, "samples": n, "prefill": prefill, "generated": generated}
+
+
+def bf16_agreement(model_dir: str, backend32: TransformersBackend, request) -> str:
+    """Next-token distributions of one prompt in fp32 vs bf16: max |dlogit|, KL, top-1 agreement."""
+    from pivot_assets.policies.models import load_model
+
+    model16, _ = load_model(model_dir, dtype="bfloat16")
+    ids = torch.tensor([backend32.prompt_ids(request)])
+    with torch.inference_mode():
+        l32 = backend32.model(input_ids=ids, logits_to_keep=8).logits[0].float()
+        l16 = model16(input_ids=ids, logits_to_keep=8).logits[0].float()
+    p32, lp16 = torch.log_softmax(l32, -1), torch.log_softmax(l16, -1)
+    kl = (p32.exp() * (p32 - lp16)).sum(-1)
+    top1 = (l32.argmax(-1) == l16.argmax(-1)).float().mean().item()
+    return (f"bf16 vs fp32 on the last 8 positions of a {ids.shape[1]}-token prompt: max |dlogit| "
+            f"{(l32 - l16).abs().max().item():.3f}, mean KL {kl.mean().item():.4f} nats, top-1 agreement {top1:.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trajectories", type=int, default=2)
+    ap.add_argument("--turns", type=int, default=5, help="first N turns per trajectory (0: all)")
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--skip-bf16", action="store_true")
+    ap.add_argument("--skip-naive", action="store_true", help="only our backend (throughput on bigger runs)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads for every run (1: see TransformersBackend)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    if not DATA.is_file():
+        sys.exit(f"shared data missing: {DATA}")
+    from pivot_assets.policies.models import ensure_embedded_hf_dir
+
+    model_dir = str(ensure_embedded_hf_dir())
+    sampling = SamplingConfig(k=args.k, temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens, seed=0)
+    requests = load_turns(args.trajectories, args.turns)
+    print(f"config: {args.trajectories} tau2 airline trajectories x first {args.turns} turns = {len(requests)} turns, "
+          f"K={args.k}, max_new_tokens={args.max_new_tokens}, temperature=1.0, torch threads={torch.get_num_threads()}, "
+          f"load avg {os.getloadavg()[0]:.1f}")
+    gf32, gf16 = matmul_gflops(torch.float32), matmul_gflops(torch.bfloat16)
+    ours = run_ours(model_dir, "float32", requests, sampling)
+    backend = ours.pop("backend")
+    params = sum(p.numel() for p in backend.model.parameters())
+    total, unique = unique_prefix_tokens(backend, requests)
+    rows = [("ours fp32", ours)]
+    if not args.skip_bf16:
+        bf = run_ours(model_dir, "bfloat16", requests, sampling)
+        bf.pop("backend")
+        rows.append(("ours bf16", bf))
+    naive = None if args.skip_naive else run_naive(backend, requests, sampling)
+    if naive:
+        rows.append(("naive generate fp32", naive))
+    print(f"\nmatmul: fp32 {gf32:.0f} GFLOP/s, bf16 {gf16:.0f} GFLOP/s (1024^3, measured now); params {params / 1e6:.1f}M")
+    print(f"prompt tokens: summed per turn {total}, unique prefix tokens {unique} ({total / unique:.1f}x)\n")
+    print("| run | wall s | samples | samples/s | prefill tokens | prefill / unique | generated tokens | FLOP floor s | x faster than naive |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, r in rows:
+        gflops = gf16 if "bf16" in name else gf32
+        floor = 2 * params * (r["prefill"] + r["generated"]) / (gflops * 1e9)
+        speedup = f"{naive['wall_s'] / r['wall_s']:.1f}" if naive else "-"
+        print(f"| {name} | {r['wall_s']:.1f} | {r['samples']} | {r['samples'] / r['wall_s']:.2f} | {r['prefill']} | "
+              f"{r['prefill'] / unique:.2f} | {r['generated']} | {floor:.1f} | {speedup} |")
+    print()
+    print(bf16_agreement(model_dir, backend, requests[-1]))
+
+
+if __name__ == "__main__":
+    main()
