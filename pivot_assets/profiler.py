@@ -140,8 +140,12 @@ def generation_requests(wh: Warehouse, turn_ids: Iterable[str]) -> list:
     ]
 
 
-def generate_rollouts(wh: Warehouse, backend, sampling, requests: list, progress: Progress | None = None) -> dict:
-    """Generate K samples for each request; one atomic Parquet part per batch the backend yields."""
+def generate_rollouts(
+    wh: Warehouse, backend, policy_fp: str, sampling, requests: list, progress: Progress | None = None
+) -> dict:
+    """Generate K samples for each request; one atomic Parquet part per batch the backend yields.
+
+    Rows are keyed by the caller's `policy_fp` (the same one `done_turns` looks up, so resume works)."""
     traj_of = {r.turn_id: r.trajectory_id for r in requests}
     n_rows = n_tokens = 0
     t0 = time.perf_counter()
@@ -153,7 +157,7 @@ def generate_rollouts(wh: Warehouse, backend, sampling, requests: list, progress
                 {
                     "turn_id": s.turn_id,
                     "trajectory_id": traj_of[s.turn_id],
-                    "policy_fp": backend.fingerprint,
+                    "policy_fp": policy_fp,
                     "sampling_fp": sampling.fingerprint,
                     "sample_index": s.sample_index,
                     "completion": s.completion,

@@ -44,7 +44,8 @@ def current_fingerprints(cfg: PivotConfig, wh: Warehouse) -> tuple[str, str]:
     if cfg.policy.backend == "openai":
         policy_fp = f"openai|{cfg.policy.base_url}|{cfg.policy.model}"
     else:
-        policy_fp = policy_fingerprint(policy_model(cfg, wh))
+        # bf16 and fp32 sample slightly different tokens: the dtype is part of the policy's identity
+        policy_fp = f"{policy_fingerprint(policy_model(cfg, wh))}|{cfg.policy.backend}:{cfg.policy.dtype}"
     return policy_fp, sampling_config(cfg).fingerprint
 
 
@@ -77,7 +78,7 @@ def build_profiling_assets(cfg: PivotConfig) -> list:
                 backend = build_backend({**cfg.section("policy"), "model": policy_model(cfg, wh)})
                 sampling = sampling_config(cfg)
                 progress = Progress(total=len(pending) * sampling.k, log=context.log.info)
-                stats = generate_rollouts(wh, backend, sampling, generation_requests(wh, pending), progress)
+                stats = generate_rollouts(wh, backend, policy_fp, sampling, generation_requests(wh, pending), progress)
                 stats.update({k: v for k, v in backend.stats.items() if isinstance(v, (int, float))})
         return publish(
             wh,
