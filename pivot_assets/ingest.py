@@ -90,23 +90,19 @@ def write_ingest(wh: Warehouse, inputs: list[dict]) -> dict:
     }
 
 
+INGEST_TABLES = {
+    "trajectories": "Canonical trajectories (one row per unique trajectory; content-hash id).",
+    "quarantine": "Every input record that could not be ingested, with its reason and raw text.",
+}
+
+
 def build_ingest_assets(cfg: PivotConfig) -> list:
+    version = inputs_fingerprint(cfg)
+
     @dg.multi_asset(
         specs=[
-            dg.AssetSpec(
-                "trajectories",
-                group_name="ingest",
-                code_version=inputs_fingerprint(cfg),
-                description="Canonical trajectories (one row per unique trajectory; content-hash id).",
-                kinds={"parquet", "duckdb"},
-            ),
-            dg.AssetSpec(
-                "quarantine",
-                group_name="ingest",
-                code_version=inputs_fingerprint(cfg),
-                description="Every input record that could not be ingested, with its reason and raw text.",
-                kinds={"parquet", "duckdb"},
-            ),
+            dg.AssetSpec(name, group_name="ingest", code_version=version, description=text, kinds={"parquet", "duckdb"})
+            for name, text in INGEST_TABLES.items()
         ],
         can_subset=False,
     )
