@@ -94,3 +94,22 @@ def test_kill_9_mid_rollouts_then_resume(project):
     keys = rollout_keys(project)
     assert len(keys) == TURNS * K and len(set(keys)) == len(keys)
     assert last_metadata("rollouts")["turns_generated"] == TURNS - written // K
+
+
+def test_profile_real_shared_data(tmp_path, monkeypatch, embedded_model_dir, shared_data_dir):
+    """Real NeMo-Gym rollouts + a tau2 airline run, profiled by the embedded policy: turns x K, then cached."""
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pivot.yaml").write_text(
+        "warehouse: ./wh\ninputs:\n"
+        f"  - path: {shared_data_dir}/nemo-gym/resources_servers/xlam_fc/data/example_rollouts.jsonl\n"
+        f"  - path: {shared_data_dir}/tau2-bench/airline_run1.json\n"
+        f"policy: {{model: embedded, k: {K}, max_new_tokens: 8, limit_turns: 4, dtype: bfloat16}}\n"
+    )
+    stages = "trajectories,turns,rollouts,rollout_rewards,turn_profiles"
+    assert pivot(["run", "--select", stages]) == 0
+    keys = rollout_keys(tmp_path)
+    assert len(keys) == 4 * K and len(set(keys)) == len(keys)
+    assert pivot(["run", "--select", stages]) == 0
+    assert last_metadata("rollouts")["turns_generated"] == 0
+    assert len(rollout_keys(tmp_path)) == 4 * K
