@@ -61,7 +61,14 @@ class RunReport:
 
 def run_assets(defs: dg.Definitions, keys: list[dg.AssetKey], instance: dg.DagsterInstance) -> RunReport:
     job = defs.resolve_implicit_global_asset_job_def()
-    result = job.execute_in_process(instance=instance, asset_selection=keys, raise_on_error=False)
+    # Dagster's console logger defaults to DEBUG (every engine event); stage progress lines are INFO.
+    level = os.environ.get("PIVOT_LOG_LEVEL", "INFO").upper()
+    result = job.execute_in_process(
+        instance=instance,
+        asset_selection=keys,
+        raise_on_error=False,
+        run_config={"loggers": {"console": {"config": {"log_level": level}}}},
+    )
     materialized = sorted(
         {e.asset_key.to_user_string() for e in result.get_asset_materialization_events() if e.asset_key}
     )
