@@ -29,7 +29,7 @@ demo: setup
 	$(VENV)/bin/pivot sql ingest_summary
 	$(VENV)/bin/pivot sql action_kind_mix
 	-$(VENV)/bin/pivot sql pivot_funnel
-	-$(VENV)/bin/pivot sql "select * from pivot_eval order by policy"
+	-$(VENV)/bin/pivot sql policy_comparison
 
 test: setup
 	$(PY) -m pytest -q -x --durations=15
