@@ -5,6 +5,7 @@ import json
 
 import dagster as dg
 import duckdb
+import polars as pl
 import pyarrow as pa
 import pytest
 
@@ -82,7 +83,7 @@ def test_pivot_sets_satisfy_their_definitions_and_reconcile_with_the_funnel(ware
     "name, mutate",
     [
         ("reward of 2.0", lambda ps: [{**p, "reward_mean": 2.0} if i == 1 else p for i, p in enumerate(ps)]),
-        ("missing turn", lambda ps: ps + [{**ps[1], "turn_id": "0000000000000000"}]),
+        ("variance inconsistent with the mean", lambda ps: [{**p, "reward_var": 0.2} if i == 1 else p for i, p in enumerate(ps)]),
     ],
 )
 def test_corrupted_profiles_fail_the_blocking_check_and_stop_downstream(warehouse, name, mutate):
@@ -98,6 +99,17 @@ def test_corrupted_profiles_fail_the_blocking_check_and_stop_downstream(warehous
     assert record  # recorded for the UI
 
 
+def test_profile_of_an_unknown_turn_is_logged_not_selected(warehouse):
+    wh, turns = warehouse
+    write_profiles(wh, turns, lambda ps: ps + [{**ps[1], "turn_id": "0000000000000000"}])
+    assert materialize(wh).success
+    con = duckdb.connect(str(wh.duckdb_path), read_only=True)
+    assert con.sql("select count(*) from pivots_mixed where turn_id = '0000000000000000'").fetchone()[0] == 0
+    reasons = {r[0] for r in con.sql("select reason from pivot_selection_log where turn_id = '0000000000000000'").fetchall()}
+    assert reasons == {"turn_missing"}
+    con.close()
+
+
 def test_duplicated_profile_key_stops_selection_with_a_clear_error(warehouse):
     wh, turns = warehouse
     write_profiles(wh, turns, lambda ps: ps + [ps[1]])
@@ -106,14 +118,9 @@ def test_duplicated_profile_key_stops_selection_with_a_clear_error(warehouse):
     assert not set(report.materialized) & set(PIVOT_ASSETS)
 
 
-def test_duplicated_pivot_row_fails_the_contract_check(warehouse):
-    """A pivot set corrupted after materialization: its Dagster check (and `pivot check`) fails."""
-    wh, turns = warehouse
-    assert materialize(wh).success
-    table = wh.read("pivots_mixed")
-    wh.write_table("pivots_mixed", pa.concat_tables([table.to_arrow(), table.head(1).to_arrow()]))
+def run_contract_check_only(table: str):
     defs = build_definitions("pivot.yaml")
-    check = dg.AssetCheckKey(dg.AssetKey("pivots_mixed"), "data_contract")
+    check = dg.AssetCheckKey(dg.AssetKey(table), "data_contract")
     checks_only = dg.Definitions(
         assets=defs.assets, asset_checks=defs.asset_checks, resources=defs.resources,
         jobs=[dg.define_asset_job("contract_only", selection=dg.AssetSelection.checks(check))],
@@ -121,7 +128,26 @@ def test_duplicated_pivot_row_fails_the_contract_check(warehouse):
     result = checks_only.resolve_job_def("contract_only").execute_in_process(
         instance=dg.DagsterInstance.get(), raise_on_error=False
     )
-    evaluations = [e.asset_check_evaluation_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+    return [e.asset_check_evaluation_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+
+
+def test_duplicated_pivot_row_fails_the_contract_check(warehouse):
+    """A pivot set corrupted after materialization: its Dagster check (and `pivot check`) fails."""
+    wh, turns = warehouse
+    assert materialize(wh).success
+    table = wh.read("pivots_mixed")
+    wh.write_table("pivots_mixed", pa.concat_tables([table.to_arrow(), table.head(1).to_arrow()]))
+    evaluations = run_contract_check_only("pivots_mixed")
     assert len(evaluations) == 1 and not evaluations[0].passed
     assert "compound_columns_to_be_unique" in evaluations[0].description
     assert pivot(["check", "pivots_mixed"]) == 1
+
+
+def test_pivot_whose_turn_is_missing_fails_the_contract_check(warehouse):
+    wh, turns = warehouse
+    assert materialize(wh).success
+    gone = wh.read("pivots_adv")["turn_id"][0]
+    wh.write_table("turns", wh.read("turns").filter(pl.col("turn_id") != gone).to_arrow())
+    evaluations = run_contract_check_only("pivots_adv")
+    assert len(evaluations) == 1 and not evaluations[0].passed
+    assert "turn_exists" in evaluations[0].description or "turn" in evaluations[0].description
