@@ -150,4 +150,4 @@ def test_pivot_whose_turn_is_missing_fails_the_contract_check(warehouse):
     wh.write_table("turns", wh.read("turns").filter(pl.col("turn_id") != gone).to_arrow())
     evaluations = run_contract_check_only("pivots_adv")
     assert len(evaluations) == 1 and not evaluations[0].passed
-    assert "turn_exists" in evaluations[0].description or "turn" in evaluations[0].description
+    assert "turn_in_turns" in evaluations[0].description, evaluations[0].description
