@@ -51,3 +51,10 @@ def shared_data_dir() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture(autouse=True)
+def _no_inherited_pivot_config(monkeypatch):
+    """`build_definitions` exports the config it loaded as $PIVOT_CONFIG (resources read it); within one
+    pytest process that must not leak from one test's project into the next."""
+    monkeypatch.delenv("PIVOT_CONFIG", raising=False)
