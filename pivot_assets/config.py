@@ -44,6 +44,7 @@ class PolicySection(_Strict):
     seed: int = 0
     limit_turns: int | None = Field(None, ge=1)
     dtype: Literal["float32", "bfloat16"] = "float32"
+    device: str = "cpu"  # cpu | cuda | cuda:N (transformers backend)
     batch_size: int = Field(64, ge=1)
     threads: int | None = Field(None, ge=1)
     concurrency: int = Field(8, ge=1)

@@ -11,24 +11,17 @@ from pivot_assets.resources import PivotSettings
 
 
 def stage_builders():
-    """(module, builder) pairs, in graph order; later stages are added as they exist."""
-    from pivot_assets import ingest, turns
+    """Asset (and check) builders, in graph order."""
+    from pivot_assets import ingest, pivots, profiling, training, turns
 
-    builders = [ingest.build_ingest_assets, turns.build_turn_assets]
-    for module_name, fn in (
-        ("pivot_assets.training", "build_sft_assets"),
-        ("pivot_assets.profiling", "build_profiling_assets"),
-        ("pivot_assets.pivots", "build_pivot_assets"),
-        ("pivot_assets.training", "build_training_assets"),
-    ):
-        try:
-            module = __import__(module_name, fromlist=[fn])
-        except ModuleNotFoundError as e:
-            if e.name != module_name:
-                raise
-            continue
-        builders.append(getattr(module, fn))
-    return builders
+    return [
+        ingest.build_ingest_assets,
+        turns.build_turn_assets,
+        training.build_sft_assets,
+        profiling.build_profiling_assets,
+        pivots.build_pivot_assets,
+        training.build_training_assets,
+    ]
 
 
 def build_definitions(config_path: str | os.PathLike | None = None) -> dg.Definitions:
@@ -46,7 +39,13 @@ def build_definitions(config_path: str | os.PathLike | None = None) -> dg.Defini
     for build in stage_builders():
         for d in build(cfg):
             (checks if isinstance(d, dg.AssetChecksDefinition) else assets).append(d)
+    # One process per run: the stages share one DuckDB file (a single writer) and the CPU box's memory;
+    # a multiprocess executor would race on pivot.duckdb and load several models at once.
     return dg.Definitions(
-        assets=assets, asset_checks=checks, jobs=build_jobs(), resources={"settings": settings}
+        assets=assets,
+        asset_checks=checks,
+        jobs=build_jobs(),
+        resources={"settings": settings},
+        executor=dg.in_process_executor,
     )
 

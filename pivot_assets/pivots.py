@@ -13,7 +13,6 @@ from pivot_assets.warehouse_ops import SET_TABLES, check_table, contract_params,
 
 CONTRACT_CHECK = "data_contract"
 PIVOT_TABLES = ("pivots_mixed", "pivots_adv", "pivots_cand")
-UPSTREAM_OF = {"pivots_mixed": ["turn_profiles", "turns"], "pivots_adv": ["pivots_mixed"], "pivots_cand": ["pivots_adv"]}
 SELECTION_LOG = "pivot_selection_log"
 HF_EXPORT = "pivot_dataset"
 NEMO_EXPORT = "pivot_nemo_gym"
@@ -44,31 +43,41 @@ def pass_rate_plot(wh: Warehouse, table: str) -> str:
     return markdown_image(png, f"{table} pass-rate histogram")
 
 
-def build_pivot_set_asset(table: str, version: str):
-    @dg.asset(name=table, deps=UPSTREAM_OF[table], group_name="pivots", code_version=version, kinds={"parquet", "duckdb"})
-    def pivot_set(context: dg.AssetExecutionContext, settings: PivotSettings) -> dg.MaterializeResult:
+PIVOT_SET_DOCS = {
+    "pivots_mixed": "D_mixed: turns whose reference outcomes are mixed (reward_var > 0).",
+    "pivots_adv": "D_adv: mixed turns that are also hard (reward_mean <= lambda_diff).",
+    "pivots_cand": "D_cand: a seeded random sample of candidate turns, the size of D_adv (the no-filter ablation).",
+    SELECTION_LOG: "Every (turn, set) decision with its reason: kept, zero_variance, too_easy, over caps, ...",
+}
+
+
+def build_pivot_sets_asset(version: str):
+    """All three sets and the selection log from ONE selection over one profile generation, so they
+    always agree with each other and with the funnel."""
+
+    @dg.multi_asset(
+        specs=[
+            dg.AssetSpec(name, deps=["turn_profiles", "turns"], group_name="pivots", code_version=version,
+                         description=text, kinds={"parquet", "duckdb"})
+            for name, text in PIVOT_SET_DOCS.items()
+        ],
+        can_subset=False,
+    )
+    def pivot_sets(context: dg.AssetExecutionContext, settings: PivotSettings):
         cfg = settings.load()
         wh = Warehouse(cfg.warehouse_dir)
         result = select(wh, cfg)
-        wh.write_table(table, result[table].to_arrow())
-        if table == "pivots_mixed":  # rejected turns are written, not lost (one log for all sets)
-            wh.write_table(SELECTION_LOG, result["selection_log"].to_arrow())
-        context.log.info(f"{table}: {result[table].height} pivots; funnel {funnel_metadata(result)}")
-        return publish(
-            wh,
-            table,
-            {
-                **funnel_metadata(result),
-                "pass_rate_histogram": dg.MetadataValue.md(pass_rate_plot(wh, "turn_profiles")),
-            },
-        )
+        for table in (*PIVOT_TABLES, SELECTION_LOG):
+            key = "selection_log" if table == SELECTION_LOG else table
+            wh.write_table(table, result[key].to_arrow())
+        funnel = funnel_metadata(result)
+        context.log.info(f"pivot sets: {funnel}")
+        plot = dg.MetadataValue.md(pass_rate_plot(wh, "turn_profiles"))
+        for table in PIVOT_TABLES:
+            yield publish(wh, table, {**funnel, "pass_rate_histogram": plot})
+        yield publish(wh, SELECTION_LOG, funnel, preview=False)
 
-    pivot_set.__doc__ = {
-        "pivots_mixed": "D_mixed: turns whose reference outcomes are mixed (reward_var > 0).",
-        "pivots_adv": "D_adv: mixed turns that are also hard (reward_mean <= lambda_diff).",
-        "pivots_cand": "D_cand: a seeded random sample of candidate turns, the size of D_adv (the no-filter ablation).",
-    }[table]
-    return pivot_set
+    return pivot_sets
 
 
 def build_contract_check(table: str, blocking: bool):
@@ -96,7 +105,9 @@ def build_contract_check(table: str, blocking: bool):
 def build_export_assets(cfg: PivotConfig) -> list:
     train_table = SET_TABLES[cfg.training.set]
 
-    @dg.asset(name=HF_EXPORT, deps=[train_table, "trajectories"], group_name="pivots", kinds={"huggingface"},
+    # Exports depend on all three sets: they come from one selection, so a failed contract on any of them
+    # (blocking checks) means the selection is suspect and nothing reaches a trainer.
+    @dg.asset(name=HF_EXPORT, deps=[*PIVOT_TABLES, "trajectories"], group_name="pivots", kinds={"huggingface"},
               code_version=f"1-{cfg.training.set}")
     def pivot_dataset(context: dg.AssetExecutionContext, settings: PivotSettings) -> dg.MaterializeResult:
         """The training pivot set as a Hugging Face dataset dir with TRL-ready columns (prompt, tools, ...)."""
@@ -108,7 +119,7 @@ def build_export_assets(cfg: PivotConfig) -> list:
             data_version=dg.DataVersion(wh.data_version(train_table)),
         )
 
-    @dg.asset(name=NEMO_EXPORT, deps=["pivots_adv", "trajectories"], group_name="pivots", kinds={"json"}, code_version="1")
+    @dg.asset(name=NEMO_EXPORT, deps=[*PIVOT_TABLES, "trajectories"], group_name="pivots", kinds={"json"}, code_version="1")
     def pivot_nemo_gym(context: dg.AssetExecutionContext, settings: PivotSettings) -> dg.MaterializeResult:
         """D_adv as NeMo-Gym pivot JSONL (responses_create_params + expected_action) for NeMo-RL."""
         cfg = settings.load()
@@ -127,6 +138,6 @@ def build_pivot_assets(cfg: PivotConfig) -> list:
     from pivot_assets.contracts import BLOCKING_TABLES, CONTRACT_TABLES
 
     version = short_hash(canonical_json(cfg.section("pivots")))
-    assets = [build_pivot_set_asset(t, version) for t in PIVOT_TABLES] + build_export_assets(cfg)
+    assets = [build_pivot_sets_asset(version), *build_export_assets(cfg)]
     checks = [build_contract_check(t, blocking=t in BLOCKING_TABLES) for t in CONTRACT_TABLES]
     return assets + checks

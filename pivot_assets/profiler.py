@@ -115,9 +115,8 @@ def generation_requests(wh: Warehouse, turn_ids: Iterable[str]) -> list:
     so a trajectory's turns sit together and the backend can reuse their shared prefix."""
     from pivot_assets.policies.base import GenerationRequest
 
-    wanted = pa.table({"turn_id": pa.array(sorted(set(turn_ids)), pa.string())})
     con = duckdb.connect()
-    con.register("wanted", wanted)
+    _with_wanted(con, turn_ids)
     rows = con.execute(
         f"""
         select u.turn_id, u.trajectory_id, u.message_index, t.messages, t.tools
@@ -192,6 +191,7 @@ def unscored_rollouts_sql(wh: Warehouse) -> str:
         select r.turn_id, r.sample_index, r.completion, u.domain, u.expert_action, u.message_index,
                t.tools, t.messages
         from read_parquet('{wh.source_glob('rollouts')}') r
+        join wanted using (turn_id)
         join read_parquet('{wh.table_path('turns')}') u using (turn_id)
         join read_parquet('{wh.table_path('trajectories')}') t on t.trajectory_id = u.trajectory_id
         where r.policy_fp = $policy_fp and r.sampling_fp = $sampling_fp {scored}
@@ -199,13 +199,21 @@ def unscored_rollouts_sql(wh: Warehouse) -> str:
     """
 
 
-def score_rollouts(wh: Warehouse, verifiers, policy_fp: str, sampling_fp: str, progress_log=None) -> dict:
-    """Score every current rollout not yet scored under this verifier fingerprint."""
+def _with_wanted(con: duckdb.DuckDBPyConnection, turn_ids: Iterable[str]) -> None:
+    """Register the turns being profiled (all, or the first limit_turns) as the table `wanted`."""
+    con.register("wanted", pa.table({"turn_id": pa.array(sorted(set(turn_ids)), pa.string())}))
+
+
+def score_rollouts(
+    wh: Warehouse, verifiers, policy_fp: str, sampling_fp: str, turn_ids: Iterable[str], progress_log=None
+) -> dict:
+    """Score every current rollout of the wanted turns not yet scored under this verifier fingerprint."""
     from pivot_assets.schema import canonical_json
     from pivot_assets.verifiers import parse_candidate
 
     verifier_fp = verifiers.fingerprint
     con = duckdb.connect()
+    _with_wanted(con, turn_ids)
     params = {"policy_fp": policy_fp, "sampling_fp": sampling_fp}
     if wh.part_files("rollout_rewards"):
         params["verifier_fp"] = verifier_fp
@@ -259,6 +267,7 @@ def profiles_sql(wh: Warehouse) -> str:
                count(*) filter (where s.reward >= 1.0)::int as n_pass,
                count(distinct coalesce(s.action, '<unparsed>'))::int as n_distinct_actions
         from read_parquet('{wh.source_glob('rollout_rewards')}') s
+        join wanted using (turn_id)
         join read_parquet('{wh.table_path('turns')}') u using (turn_id)
         where s.policy_fp = $policy_fp and s.sampling_fp = $sampling_fp and s.verifier_fp = $verifier_fp
         group by all
@@ -266,8 +275,9 @@ def profiles_sql(wh: Warehouse) -> str:
     """
 
 
-def build_profiles(wh: Warehouse, policy_fp: str, sampling_fp: str, verifier_fp: str) -> pa.Table:
+def build_profiles(wh: Warehouse, policy_fp: str, sampling_fp: str, verifier_fp: str, turn_ids: Iterable[str]) -> pa.Table:
     con = duckdb.connect()
+    _with_wanted(con, turn_ids)
     table = con.execute(
         profiles_sql(wh), {"policy_fp": policy_fp, "sampling_fp": sampling_fp, "verifier_fp": verifier_fp}
     ).fetch_arrow_table()

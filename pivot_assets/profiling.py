@@ -22,6 +22,7 @@ from pivot_assets.schema import canonical_json, short_hash
 from pivot_assets.warehouse import Warehouse
 
 PROFILES_VERSION = "1"
+POLICY_IDENTITY = ("backend", "model", "base_url", "dtype", "k", "temperature", "top_p", "max_new_tokens", "seed", "limit_turns")
 SFT_MODEL = "sft"
 
 
@@ -57,7 +58,8 @@ def verifier_set(cfg: PivotConfig):
 
 def build_profiling_assets(cfg: PivotConfig) -> list:
     policy_deps = ["turns"] + (["sft_policy"] if cfg.policy.model == SFT_MODEL else [])
-    policy_version = short_hash(canonical_json(cfg.section("policy")))
+    # Only what changes the samples: speed knobs (batch_size, threads, concurrency) must not make it stale.
+    policy_version = short_hash(canonical_json({k: v for k, v in cfg.section("policy").items() if k in POLICY_IDENTITY}))
 
     @dg.asset(deps=policy_deps, group_name="profiling", code_version=policy_version, kinds={"parquet", "pytorch"})
     def rollouts(context: dg.AssetExecutionContext, settings: PivotSettings) -> dg.MaterializeResult:
@@ -105,7 +107,8 @@ def build_profiling_assets(cfg: PivotConfig) -> list:
         wh.clean_temp_files("rollout_rewards")
         policy_fp, sampling_fp = current_fingerprints(cfg, wh)
         verifiers = verifier_set(cfg)
-        stats = score_rollouts(wh, verifiers, policy_fp, sampling_fp, progress_log=context.log.info)
+        wanted = select_turns(wh, cfg.policy.limit_turns)
+        stats = score_rollouts(wh, verifiers, policy_fp, sampling_fp, wanted, progress_log=context.log.info)
         context.log.info(f"scored {stats['rollouts_scored']} rollouts with verifier {verifiers.fingerprint}")
         return publish(
             wh,
@@ -124,7 +127,9 @@ def build_profiling_assets(cfg: PivotConfig) -> list:
         cfg = settings.load()
         wh = Warehouse(cfg.warehouse_dir)
         policy_fp, sampling_fp = current_fingerprints(cfg, wh)
-        table = build_profiles(wh, policy_fp, sampling_fp, verifier_set(cfg).fingerprint)
+        table = build_profiles(
+            wh, policy_fp, sampling_fp, verifier_set(cfg).fingerprint, select_turns(wh, cfg.policy.limit_turns)
+        )
         wh.write_table("turn_profiles", table)
         var = table.column("reward_var").to_pylist()
         mixed = sum(1 for v in var if v and v > 0)

@@ -20,7 +20,13 @@ from pivot_assets.warehouse import Warehouse
 from pivot_assets.warehouse_ops import SET_TABLES
 
 MARKER = ".pivot_key"
-BASE_MODEL = "embedded"
+EMBEDDED = "embedded"
+
+
+def base_model(cfg: PivotConfig) -> str:
+    """The pretrained policy everything starts from: `policy.model`, or the embedded model when the
+    reference policy is the SFT warm-up itself (`policy.model: sft`)."""
+    return EMBEDDED if cfg.policy.model == "sft" else cfg.policy.model
 
 
 def model_dir(wh: Warehouse, name: str) -> Path:
@@ -55,7 +61,7 @@ def sft_key(wh: Warehouse, cfg: PivotConfig) -> str:
 
     return short_hash(canonical_json({
         "sft": cfg.section("sft"), "data": wh.data_version("trajectories"),
-        "base": policy_fingerprint(BASE_MODEL), "eval_fraction": cfg.training.eval_fraction,
+        "base": policy_fingerprint(base_model(cfg)), "eval_fraction": cfg.training.eval_fraction,
         "split_seed": cfg.training.seed,
     }))
 
@@ -67,25 +73,30 @@ def train_sft_policy(wh: Warehouse, cfg: PivotConfig, log) -> dict:
 
     held_out = held_out_trajectories(wh, cfg)
     trajectories = [t for t in wh.read("trajectories").iter_rows(named=True) if t["trajectory_id"] not in held_out]
-    _, tokenizer = load_model(BASE_MODEL)
+    _, tokenizer = load_model(base_model(cfg))
     rejections: list = []
     examples = build_sft_examples(trajectories, tokenizer, cfg.sft.max_length, rejections)
-    rows = train_sft(BASE_MODEL, examples, SFTOptions(**cfg.section("sft")), model_dir(wh, "sft_policy"),
+    rows = train_sft(base_model(cfg), examples, SFTOptions(**cfg.section("sft")), model_dir(wh, "sft_policy"),
                      on_step=lambda r: log(f"sft step {r['step']}: loss {r['loss']:.4f}"))
     return {"rows": rows, "n_examples": len(examples), "n_held_out": len(held_out), "rejections": rejections}
 
 
 # -- GRPO ---------------------------------------------------------------------------------------
 def init_model(wh: Warehouse, cfg: PivotConfig) -> str:
-    return str(model_dir(wh, "sft_policy")) if cfg.training.init == "sft" else BASE_MODEL
+    return str(model_dir(wh, "sft_policy")) if cfg.training.init == "sft" else base_model(cfg)
+
+
+def training_identity(cfg: PivotConfig) -> dict:
+    """The training section minus evaluation-only keys (changing eval_k must not retrain)."""
+    return {k: v for k, v in cfg.section("training").items() if k != "eval_k"}
 
 
 def grpo_key(wh: Warehouse, cfg: PivotConfig, verifier_fp: str) -> str:
     from pivot_assets.policies.models import policy_fingerprint
 
     return short_hash(canonical_json({
-        "training": cfg.section("training"), "pivots": wh.data_version(SET_TABLES[cfg.training.set]),
-        "init": policy_fingerprint(init_model(wh, cfg)), "verifier": verifier_fp,
+        "training": training_identity(cfg), "pivots": wh.data_version(SET_TABLES[cfg.training.set]),
+        "init": policy_fingerprint(init_model(wh, cfg)), "verifier": verifier_fp, "cpu_smoke": not _has_cuda(),
     }))
 
 
@@ -122,8 +133,8 @@ def build_sft_assets(cfg: PivotConfig) -> list:
         else:
             with timed() as t:
                 result = train_sft_policy(wh, cfg, context.log.info)
-            write_marker(out, key)
             wh.write_table("sft_steps", pa.Table.from_pylist(result["rows"]))
+            write_marker(out, key)  # last: a crash before it means "not done", never stale steps
             meta = {"skipped": False, "train_s": round(t["seconds"], 1), "examples": result["n_examples"],
                     "held_out_trajectories": result["n_held_out"], "not_trained_on": len(result["rejections"])}
         rows = wh.read("sft_steps").to_dicts()
@@ -142,7 +153,7 @@ def build_training_assets(cfg: PivotConfig) -> list:
     train_table = SET_TABLES[cfg.training.set]
 
     @dg.asset(deps=[HF_EXPORT, *init_deps], group_name="training", kinds={"pytorch"},
-              code_version=short_hash(canonical_json(cfg.section("training"))))
+              code_version=short_hash(canonical_json(training_identity(cfg))))
     def grpo_run(context: dg.AssetExecutionContext, settings: PivotSettings) -> dg.MaterializeResult:
         """TRL GRPOTrainer on the pivot set, one short turn per sample, rewarded by the local verifier."""
         from pivot_assets.profiling import verifier_set
@@ -157,11 +168,11 @@ def build_training_assets(cfg: PivotConfig) -> list:
         else:
             with timed() as t:
                 result = run_local_grpo(wh, cfg, verifiers)
-            write_marker(out, key)
             wh.write_table("grpo_steps", pa.Table.from_pylist([{**r, "run_key": key} for r in result.steps]))
             wh.write_table("grpo_completions", pa.Table.from_pylist(
                 [{**{k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in r.items()}, "run_key": key}
                  for r in result.completions_log]))
+            write_marker(out, key)  # last: a crash before it means "not done", never stale steps
             meta = {"skipped": False, "train_s": round(t["seconds"], 1), "train_prompts": result.n_train_prompts,
                     "verifier_fingerprints": dg.MetadataValue.json(result.verifier_fingerprints),
                     "grpo_config": dg.MetadataValue.json({k: str(v) for k, v in result.grpo_config.items()})}
@@ -211,8 +222,8 @@ def held_out_pivots(wh: Warehouse, cfg: PivotConfig) -> list[dict]:
     return out
 
 
-def evaluation_policies(wh: Warehouse) -> list[tuple[str, str]]:
-    policies = [("reference", BASE_MODEL)]
+def evaluation_policies(wh: Warehouse, cfg: PivotConfig) -> list[tuple[str, str]]:
+    policies = [("reference", base_model(cfg))]
     for name, folder in (("sft", "sft_policy"), ("grpo", "grpo_policy")):
         if read_marker(model_dir(wh, folder)):
             policies.append((name, str(model_dir(wh, folder))))
@@ -236,7 +247,7 @@ def evaluate_policies(wh: Warehouse, cfg: PivotConfig, log) -> list[dict]:
     if wh.exists("pivot_eval"):
         cached = {(r["policy"], r["model_fp"], r["eval_key"]): r for r in wh.read("pivot_eval").iter_rows(named=True)}
     rows = []
-    for policy, model in evaluation_policies(wh):
+    for policy, model in evaluation_policies(wh, cfg):
         model_fp = policy_fingerprint(model)
         if (policy, model_fp, eval_key) in cached:
             log(f"pivot_eval: {policy} unchanged, reusing its row")

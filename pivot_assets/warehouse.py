@@ -169,11 +169,6 @@ class Warehouse:
                     status[path.stem] = str(e).splitlines()[0]
         return status
 
-    def query(self, sql: str):
-        """Run SQL against the views (read-only connection); returns a DuckDB relation result."""
-        con = self.connect(read_only=self.duckdb_path.exists())
-        return con, con.sql(sql)
-
 
 def _strip_sql(text: str) -> str:
     """A named query as a view body: drop a trailing semicolon."""

@@ -14,7 +14,7 @@ from pivot_assets.pipeline import build_definitions
 from pivot_assets.runner import run_assets
 from pivot_assets.warehouse import Warehouse
 
-PIVOT_ASSETS = ["pivots_mixed", "pivots_adv", "pivots_cand", "pivot_dataset"]
+PIVOT_ASSETS = ["pivots_mixed", "pivots_adv", "pivots_cand", "pivot_selection_log", "pivot_dataset"]
 
 
 @pytest.fixture
@@ -91,8 +91,8 @@ def test_corrupted_profiles_fail_the_blocking_check_and_stop_downstream(warehous
     write_profiles(wh, turns, mutate)
     report = materialize(wh)
     assert "pivots_mixed:data_contract" in report.failed_checks, (name, report)
-    # the blocking check stops everything below the broken set
-    assert "pivots_adv" not in report.materialized and "pivot_dataset" not in report.materialized, report
+    # the blocking checks stop everything below the broken sets: the training export is not written
+    assert "pivot_dataset" not in report.materialized and "pivot_nemo_gym" not in report.materialized, report
     record = dg.DagsterInstance.get().event_log_storage.get_latest_asset_check_execution_by_key(
         [dg.AssetCheckKey(dg.AssetKey("pivots_mixed"), "data_contract")]
     )
