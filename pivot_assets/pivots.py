@@ -12,7 +12,7 @@ from pivot_assets.warehouse import Warehouse
 from pivot_assets.warehouse_ops import SET_TABLES, check_table, contract_params, export_set
 
 CONTRACT_CHECK = "data_contract"
-PIVOT_TABLES = ("pivots_mixed", "pivots_adv", "pivots_cand")
+PIVOT_TABLES = tuple(SET_TABLES[s] for s in ("mixed", "adv", "cand"))
 SELECTION_LOG = "pivot_selection_log"
 HF_EXPORT = "pivot_dataset"
 NEMO_EXPORT = "pivot_nemo_gym"

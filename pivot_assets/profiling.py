@@ -32,10 +32,9 @@ def policy_model(cfg: PivotConfig, wh: Warehouse) -> str:
 
 
 def sampling_config(cfg: PivotConfig):
-    from pivot_assets.policies.base import SamplingConfig
+    from pivot_assets.policies.base import sampling_from_section
 
-    p = cfg.policy
-    return SamplingConfig(k=p.k, temperature=p.temperature, top_p=p.top_p, max_new_tokens=p.max_new_tokens, seed=p.seed)
+    return sampling_from_section(cfg.section("policy"))
 
 
 def current_fingerprints(cfg: PivotConfig, wh: Warehouse) -> tuple[str, str]:

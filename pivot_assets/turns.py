@@ -14,9 +14,8 @@ TURNS_VERSION = "1"
 def write_turns(wh: Warehouse) -> int:
     from pivot_assets.turn_extraction import extract_turns_parquet
 
-    final = wh.table_path("turns")
-    with wh.atomic_path(final) as tmp:
-        return extract_turns_parquet(wh.table_path("trajectories"), tmp)
+    # extract_turns_parquet writes a temp file and renames it: already atomic
+    return extract_turns_parquet(wh.table_path("trajectories"), wh.table_path("turns"))
 
 
 def build_turn_assets(cfg: PivotConfig) -> list:

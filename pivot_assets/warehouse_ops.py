@@ -6,9 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from pivot_assets.config import PivotConfig
+from pivot_assets.pivot_selection import SET_TABLES
 from pivot_assets.warehouse import Warehouse
-
-SET_TABLES = {"adv": "pivots_adv", "mixed": "pivots_mixed", "cand": "pivots_cand"}
 
 
 def contract_params(cfg: PivotConfig) -> dict:
