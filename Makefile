@@ -32,6 +32,7 @@ demo: setup
 	-$(VENV)/bin/pivot sql policy_comparison
 
 test: setup
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q -x --durations=15
 
 ui: setup

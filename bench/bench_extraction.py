@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from pivot_assets.formats import MESSAGE_TYPE, TRAJECTORY_SCHEMA  # noqa: E402
+from pivot_assets.ingest.formats import MESSAGE_TYPE, TRAJECTORY_SCHEMA  # noqa: E402
 
 # One trajectory: role, number of tool calls, whether it is a tool result, whether it has reasoning.
 TEMPLATE = [
@@ -95,7 +95,7 @@ def write_input(path: Path, n_trajectories: int, chunk: int = 10_000) -> None:
 
 def run_loop(inp: Path, out: Path) -> int:
     """The plain-Python baseline: per-trajectory extract_turns over streamed batches, written as Parquet."""
-    from pivot_assets.turn_extraction import TURNS_SCHEMA, extract_turns
+    from pivot_assets.ingest.turn_extraction import TURNS_SCHEMA, extract_turns
 
     n = 0
     with pq.ParquetWriter(out, TURNS_SCHEMA) as writer:
@@ -107,7 +107,7 @@ def run_loop(inp: Path, out: Path) -> int:
 
 
 def worker(kind: str, inp: str, out: str) -> None:
-    from pivot_assets.turn_extraction import extract_turns_parquet
+    from pivot_assets.ingest.turn_extraction import extract_turns_parquet
 
     import duckdb  # noqa: F401  (imported for the baseline too, so the floor is comparable)
 

@@ -17,8 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import polars as pl  # noqa: E402
 
-from pivot_assets.pivot_selection import PivotOptions, select_pivots  # noqa: E402
-from pivot_assets.schema import canonical_json, turn_id  # noqa: E402
+from pivot_assets.core.config import PivotsSection
+from pivot_assets.curation.selection import select_pivots  # noqa: E402
+from pivot_assets.core.ids import canonical_json, turn_id  # noqa: E402
 
 K = 8
 TURNS_PER_TRAJECTORY = 10
@@ -70,15 +71,15 @@ def timed(label: str, fn, results: list, n: int):
 def main(sizes: list[int]) -> None:
     import tempfile
 
-    from pivot_assets.contracts import run_contract
-    from pivot_assets.exports import save_hf, to_hf_dataset, to_nemo_gym_rows, write_jsonl
+    from pivot_assets.curation.contracts import run_contract
+    from pivot_assets.curation.exports import save_hf, to_hf_dataset, to_nemo_gym_rows, write_jsonl
 
     results: list = []
     timed("import great_expectations + first tiny validation", lambda: run_contract("quarantine", pl.DataFrame(
         {"source": ["s"], "record": ["0"], "reason": ["r"], "raw": ["{}"]})), results, 0)
     for n in sizes:
         turns, profiles, rewards, trajectories = synthetic(n)
-        sel = timed("select_pivots", lambda: select_pivots(profiles, turns, PivotOptions(max_per_trajectory=5)), results, n)
+        sel = timed("select_pivots", lambda: select_pivots(profiles, turns, PivotsSection(max_per_trajectory=5)), results, n)
         for table, frame, related in (
             ("turns", turns, {}),
             ("rollout_rewards", rewards, {}),

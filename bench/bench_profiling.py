@@ -29,7 +29,7 @@ import torch  # noqa: E402
 
 from pivot_assets.policies.base import GenerationRequest, SamplingConfig  # noqa: E402
 from pivot_assets.policies.transformers_backend import TransformersBackend, common_prefix_len  # noqa: E402
-from pivot_assets.schema import turn_id  # noqa: E402
+from pivot_assets.core.ids import turn_id  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data" / "tau2-bench" / "airline_run1.json"
 
@@ -38,7 +38,7 @@ def load_turns(n_traj: int, n_turns: int) -> list[GenerationRequest]:
     """First `n_turns` assistant turns (0: all) of the first `n_traj` trajectories that have that many."""
     import json
 
-    from pivot_assets.formats import iter_ingest
+    from pivot_assets.ingest.formats import iter_ingest
 
     requests = []
     for kind, row in iter_ingest([{"path": str(DATA), "format": "tau2"}]):

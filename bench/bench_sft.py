@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from pivot_assets.policies.models import load_model  # noqa: E402
-from pivot_assets.sample_data import generate_trajectories  # noqa: E402
-from pivot_assets.sft import _collate, build_sft_examples  # noqa: E402
+from pivot_assets.ingest.sample_data import generate_trajectories  # noqa: E402
+from pivot_assets.training.sft import _collate, build_sft_examples  # noqa: E402
 
 
 def timed_steps(examples: list[dict], batch_size: int, steps: int) -> dict[str, dict]:
@@ -108,7 +108,7 @@ def main() -> None:
         f"| argmax agreement on assistant positions | {agree['argmax_agree']:.3f} |",
     ]
     if args.ood:
-        from pivot_assets.ood_probe import ood_accuracy, ood_probe_items
+        from pivot_assets.training.ood_probe import ood_accuracy, ood_probe_items
 
         t0 = time.perf_counter()
         details: list = []

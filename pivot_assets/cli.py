@@ -9,12 +9,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
+
+SUPERVISED = "PIVOT_SUPERVISED"  # set in the child that does the work of `pivot run`
+RUN_ID = "PIVOT_RUN_ID"  # the Dagster run id the supervisor chose for that child
+# After SIGTERM, how long the child may take to stop cleanly before SIGKILL ($PIVOT_STOP_GRACE_S overrides).
+STOP_GRACE_S = float(os.environ.get("PIVOT_STOP_GRACE_S", "3"))
 
 
 def _config(args):
-    from pivot_assets.config import load_config
+    from pivot_assets.core.config import load_config
 
     return load_config(args.config)
 
@@ -27,7 +36,7 @@ def _defs_and_instance(args):
 
     cfg = _config(args)
     ensure_dagster_home(Path(cfg.base_dir))
-    defs = build_definitions(args.config)
+    defs = build_definitions(cfg)
     return cfg, defs, dg.DagsterInstance.get()
 
 
@@ -35,20 +44,23 @@ def cmd_run(args) -> int:
     from pivot_assets.runner import parse_selection, run_assets, stale_assets
 
     cfg, defs, instance = _defs_and_instance(args)
+    if args.missing and not args.stale:
+        raise ValueError("--missing goes with --stale")
     if args.stale:
         if args.select:
             raise ValueError("--stale and --select are exclusive")
-        import dagster as dg
-
-        keys = [dg.AssetKey(name) for name, _, _ in stale_assets(defs, instance)]
-        if not keys:
-            print("nothing is stale")
+        names = [name for name, status, _ in stale_assets(defs, instance, include_missing=args.missing)
+                 if status == "STALE" or args.missing]
+        if not names:
+            print("nothing is stale" + ("" if args.missing else " (never-materialized assets run with --missing)"))
             return 0
-        keys = parse_selection(defs, ",".join(k.to_user_string() for k in keys))
+        keys = parse_selection(defs, ",".join(names))
     else:
         keys = parse_selection(defs, args.select)
     print(f"materializing {len(keys)} assets: {', '.join(k.to_user_string() for k in keys)}", file=sys.stderr)
-    report = run_assets(defs, keys, instance)
+    report = run_assets(defs, keys, instance, run_id=os.environ.get(RUN_ID))
+    if not report.success and "Interrupted" in (report.error or ""):
+        raise KeyboardInterrupt  # stopped by a signal: one line from the supervisor (or main), not a run report
     print(f"run {report.run_id}: materialized {', '.join(report.materialized) or 'nothing'}")
     for check in report.failed_checks:
         print(f"failed check: {check}")
@@ -65,13 +77,16 @@ def cmd_stale(args) -> int:
     from pivot_assets.runner import stale_assets
 
     _, defs, instance = _defs_and_instance(args)
-    for name, status, reason in stale_assets(defs, instance):
+    rows = stale_assets(defs, instance)
+    for name, status, reason in rows:
         print(f"{name} {status} {reason}")
+    if not rows:
+        print("all fresh")
     return 0
 
 
 def cmd_sql(args) -> int:
-    from pivot_assets.warehouse import Warehouse, named_query
+    from pivot_assets.core.warehouse import Warehouse, named_query
 
     wh = Warehouse(_config(args).warehouse_dir)
     if not wh.duckdb_path.exists():
@@ -120,7 +135,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from pivot_assets.warehouse_ops import check_tables
+    from pivot_assets.curation.operations import check_tables
 
     ok = True
     for table, result in check_tables(_config(args), args.table):
@@ -132,7 +147,7 @@ def cmd_check(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from pivot_assets.warehouse_ops import export_set
+    from pivot_assets.curation.operations import export_set
 
     path = export_set(_config(args), args.set, args.format, Path(args.out))
     print(path)
@@ -151,7 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = verb("run", cmd_run, "materialize assets (all, --select, or --stale)")
     sp.add_argument("--select", default=None, help="Dagster asset selection, or asset names joined by commas")
-    sp.add_argument("--stale", action="store_true", help="materialize only stale or missing assets")
+    sp.add_argument("--stale", action="store_true", help="materialize the stale assets (add --missing for never-run ones)")
+    sp.add_argument("--missing", action="store_true", help="with --stale: also assets never materialized")
+    sp.add_argument("--in-process", action="store_true",
+                    help="work in this process (no supervisor: SIGTERM waits for the current torch op)")
     verb("stale", cmd_stale, "list stale or missing assets: <asset> <STALE|MISSING> <reason>")
     sp = verb("sql", cmd_sql, "run a named query from sql/ or an ad-hoc query")
     sp.add_argument("query", help="a file name in sql/ (without .sql) or a SQL query")
@@ -168,17 +186,94 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+# -- stopping `pivot run` promptly --------------------------------------------------------------------
+# A long torch op (a bf16 matmul on a CPU without bf16 ran for minutes) holds the interpreter, so a signal
+# handler in the working process would run only when the op returns. `pivot run` therefore works in a child
+# process and supervises it: on SIGTERM or Ctrl-C the child is asked to stop (SIGTERM: Dagster marks the run
+# failed, parts already written stay), and killed if it has not stopped after STOP_GRACE_S. Every part is
+# written to a temp file and renamed, so a kill leaves no half-written part; the supervisor then removes the
+# temp files and marks the run canceled, and a rerun resumes from the parts on disk.
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def supervise(argv: list[str]) -> int:
+    run_id = str(uuid.uuid4())
+    env = {**os.environ, SUPERVISED: "1", RUN_ID: run_id}
+    child = subprocess.Popen([sys.executable, "-m", "pivot_assets.cli", *argv], env=env)
+    stop = {"signal": None}
+
+    def on_signal(signum, frame):
+        stop["signal"] = stop["signal"] or signum
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    while child.poll() is None:
+        if stop["signal"] is not None:
+            return _stop_child(child, stop["signal"], argv, run_id)
+        time.sleep(0.1)
+    return child.returncode
+
+
+def _stop_child(child: subprocess.Popen, signum: int, argv: list[str], run_id: str) -> int:
+    name = signal.Signals(signum).name
+    try:
+        child.send_signal(signal.SIGTERM)
+        child.wait(STOP_GRACE_S)
+        how = "stopped"
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+        how = "killed"
+        _after_kill(argv, run_id)
+    print(f"interrupted ({name}): run {run_id} {how}; parts written so far are kept, `pivot run` resumes",
+          file=sys.stderr)
+    return 128 + int(signum)
+
+
+def _after_kill(argv: list[str], run_id: str) -> None:
+    """Remove the temp files the killed child left and mark its Dagster run canceled (best effort)."""
+    try:
+        args = build_parser().parse_args(argv)
+        cfg = _config(args)
+        from pivot_assets.core.warehouse import Warehouse
+
+        Warehouse(cfg.warehouse_dir).clean_all_temp_files()
+        from pivot_assets.runner import cancel_run, ensure_dagster_home
+
+        ensure_dagster_home(Path(cfg.base_dir))
+        cancel_run(run_id, "pivot run was interrupted and its worker killed")
+    except Exception as e:  # the interrupt itself must still be reported
+        print(f"warning: cleanup after interrupt incomplete: {str(e).splitlines()[0] if str(e) else e!r}",
+              file=sys.stderr)
+
+
+def entry() -> int:
+    """The `pivot` console script: `pivot run` works in a supervised child (see above), the rest in-process."""
+    argv = sys.argv[1:]
     args = build_parser().parse_args(argv)
+    if args.verb == "run" and os.environ.get(SUPERVISED) != "1" and not args.in_process:
+        return supervise(argv)
+    return main(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one verb in this process (what tests and the supervised child call)."""
+    args = build_parser().parse_args(argv)
+    if os.environ.get(SUPERVISED) == "1":
+        signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         return args.fn(args)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        if os.environ.get(SUPERVISED) != "1":  # supervised: the supervisor reports it, once
+            print("interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # one line for the user; the traceback only on request
         if os.environ.get("PIVOT_DEBUG"):
             raise
-        from pivot_assets.config import ConfigError
+        from pivot_assets.core.config import ConfigError
 
         kind = "config error" if isinstance(e, ConfigError) else "error"
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -187,4 +282,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main())  # `python -m pivot_assets.cli`: the supervised child, or a direct in-process call

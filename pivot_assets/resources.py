@@ -1,4 +1,6 @@
-"""Dagster resources and the small helpers every asset module shares."""
+"""What every stage's assets.py shares: publishing a table to Dagster (views, row count, preview, data version)
+and timing. The config itself is no resource: `pipeline.build_definitions` parses pivot.yaml once and hands
+the typed object to every stage's `build_assets(cfg)`, so code versions and asset bodies read the same values."""
 
 from __future__ import annotations
 
@@ -8,20 +10,7 @@ from contextlib import contextmanager
 import dagster as dg
 import polars as pl
 
-from pivot_assets.config import PivotConfig, load_config
-from pivot_assets.warehouse import Warehouse
-
-
-class PivotSettings(dg.ConfigurableResource):
-    """Where pivot.yaml lives (bound from $PIVOT_CONFIG in definitions.py); stages read their sections."""
-
-    config_path: str = ""
-
-    def load(self) -> PivotConfig:
-        return load_config(self.config_path or None)
-
-    def warehouse(self) -> Warehouse:
-        return Warehouse(self.load().warehouse_dir)
+from pivot_assets.core.warehouse import Warehouse
 
 
 def table_preview(wh: Warehouse, table: str, limit: int = 5) -> str:

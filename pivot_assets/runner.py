@@ -59,7 +59,8 @@ class RunReport:
     error: str | None = None
 
 
-def run_assets(defs: dg.Definitions, keys: list[dg.AssetKey], instance: dg.DagsterInstance) -> RunReport:
+def run_assets(defs: dg.Definitions, keys: list[dg.AssetKey], instance: dg.DagsterInstance,
+               run_id: str | None = None) -> RunReport:
     job = defs.resolve_implicit_global_asset_job_def()
     # Dagster's console logger defaults to DEBUG (every engine event); stage progress lines are INFO.
     level = os.environ.get("PIVOT_LOG_LEVEL", "INFO").upper()
@@ -67,6 +68,7 @@ def run_assets(defs: dg.Definitions, keys: list[dg.AssetKey], instance: dg.Dagst
         instance=instance,
         asset_selection=keys,
         raise_on_error=False,
+        run_id=run_id,
         run_config={"loggers": {"console": {"config": {"log_level": level}}}},
     )
     materialized = sorted(
@@ -89,8 +91,24 @@ def run_assets(defs: dg.Definitions, keys: list[dg.AssetKey], instance: dg.Dagst
     return RunReport(result.success, result.run_id, materialized, failed_checks, skipped, error)
 
 
-def stale_assets(defs: dg.Definitions, instance: dg.DagsterInstance) -> list[tuple[str, str, str]]:
-    """(asset, STALE|MISSING, reason) for every asset that is not fresh, in graph order."""
+def cancel_run(run_id: str, message: str) -> bool:
+    """Mark a run that lost its worker (killed) as canceled, so the UI does not show it running forever."""
+    instance = dg.DagsterInstance.get()
+    run = instance.get_run_by_id(run_id)
+    if run is None or run.is_finished:
+        return False
+    instance.report_run_canceled(run, message=message)
+    return True
+
+
+def stale_assets(defs: dg.Definitions, instance: dg.DagsterInstance,
+                 include_missing: bool = True) -> list[tuple[str, str, str]]:
+    """(asset, STALE|MISSING, reason) for every asset that is not fresh, in graph order.
+
+    A materialized asset below a STALE one is STALE too (it will change when that one reruns). Below a
+    MISSING one it is STALE only with include_missing: `pivot run --stale` reruns what exists and never
+    starts a stage nobody asked for (a verifier change must not launch SFT on a profiling-only warehouse).
+    """
     from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
     from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
     from dagster._time import get_current_datetime
@@ -113,7 +131,8 @@ def stale_assets(defs: dg.Definitions, instance: dg.DagsterInstance) -> list[tup
         else:
             # Dagster reports only direct causes; a materialized asset below a stale or missing one
             # will change when that one is rerun, so it is stale too.
-            upstream = sorted(p.to_user_string() for p in graph.get(key).parent_keys if p in out)
+            upstream = sorted(p.to_user_string() for p in graph.get(key).parent_keys
+                              if p in out and (include_missing or out[p][0] == "STALE"))
             if upstream:
                 out[key] = ("STALE", f"upstream {', '.join(upstream)} is stale or missing")
     return [(k.to_user_string(), *out[k]) for k in graph.toposorted_asset_keys if k in out]

@@ -10,7 +10,7 @@ PIPELINE_JOB = "pivot_pipeline"
 PHASE_GROUPS = {
     "ingest_job": "ingest",
     "profile_job": "profiling",
-    "curate_job": "pivots",
+    "curate_job": "curation",
     "train_job": "training",
 }
 

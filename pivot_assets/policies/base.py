@@ -11,19 +11,21 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Iterator, Protocol, runtime_checkable
 
-BACKENDS = ("transformers", "vllm", "openai")
+from pivot_assets.core.config import PolicySection
+
 FINISH_REASONS = ("stop", "length")
+_POLICY_DEFAULTS = PolicySection()  # the one place sampling defaults live: the `policy:` config section
 
 
 @dataclass(frozen=True)
 class SamplingConfig:
     """How each turn is sampled. temperature 0 means greedy (then all K samples are identical)."""
 
-    k: int = 8
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 256
-    seed: int = 0
+    k: int = _POLICY_DEFAULTS.k
+    temperature: float = _POLICY_DEFAULTS.temperature
+    top_p: float = _POLICY_DEFAULTS.top_p
+    max_new_tokens: int = _POLICY_DEFAULTS.max_new_tokens
+    seed: int = _POLICY_DEFAULTS.seed
 
     def __post_init__(self):
         if self.k < 1:
@@ -34,6 +36,12 @@ class SamplingConfig:
             raise ValueError(f"sampling top_p={self.top_p}: must be in (0, 1]")
         if self.max_new_tokens < 1:
             raise ValueError(f"sampling max_new_tokens={self.max_new_tokens}: must be >= 1")
+
+    @classmethod
+    def from_policy(cls, policy: PolicySection) -> "SamplingConfig":
+        """The sampling part of the `policy:` section."""
+        return cls(k=policy.k, temperature=policy.temperature, top_p=policy.top_p,
+                   max_new_tokens=policy.max_new_tokens, seed=policy.seed)
 
     @property
     def fingerprint(self) -> str:
@@ -98,53 +106,3 @@ def order_by_trajectory(requests: list[GenerationRequest]) -> list[GenerationReq
     for i, r in enumerate(requests):
         first_seen.setdefault(r.trajectory_id, i)
     return sorted(requests, key=lambda r: (first_seen[r.trajectory_id], r.message_index))
-
-
-def sampling_from_section(policy: dict) -> SamplingConfig:
-    """SamplingConfig from the `policy:` section of pivot.yaml (missing keys take the defaults)."""
-    defaults = SamplingConfig()
-    return SamplingConfig(
-        k=int(policy.get("k", defaults.k)),
-        temperature=float(policy.get("temperature", defaults.temperature)),
-        top_p=float(policy.get("top_p", defaults.top_p)),
-        max_new_tokens=int(policy.get("max_new_tokens", defaults.max_new_tokens)),
-        seed=int(policy.get("seed", defaults.seed)),
-    )
-
-
-def build_backend(policy: dict) -> PolicyBackend:
-    """The backend named by `policy.backend` (transformers | vllm | openai), configured from the section.
-
-    Keys read: backend, model, base_url (openai), dtype, batch_size, device, threads, api_key_env,
-    concurrency.
-    Sampling keys (k, temperature, ...) are not the backend's: pass sampling_from_section(policy)
-    to `.generate`.
-    """
-    backend = policy.get("backend", "transformers")
-    model = policy.get("model") or "embedded"
-    if backend == "transformers":
-        from .transformers_backend import TransformersBackend
-
-        return TransformersBackend(
-            model=model,
-            dtype=policy.get("dtype") or "float32",
-            batch_size=int(policy.get("batch_size") or 32),
-            device=policy.get("device") or "cpu",
-            threads=policy.get("threads"),
-        )
-    if backend == "openai":
-        from .openai_backend import OpenAIBackend
-
-        if not policy.get("base_url"):
-            raise ValueError("policy.backend openai needs policy.base_url (e.g. http://host:8000/v1)")
-        return OpenAIBackend(
-            base_url=policy["base_url"],
-            model=model,
-            api_key_env=policy.get("api_key_env") or "OPENAI_API_KEY",
-            concurrency=int(policy.get("concurrency") or 8),
-        )
-    if backend == "vllm":
-        from .vllm_backend import VLLMBackend
-
-        return VLLMBackend(model=model, dtype=policy.get("dtype") or "bfloat16")
-    raise ValueError(f"policy.backend {backend!r}: expected one of {', '.join(BACKENDS)}")

@@ -21,6 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from pivot_assets.core.shapes import arguments_dict, to_template_messages  # noqa: F401  (re-exported)
+
 EMBEDDED = "embedded"
 EMBEDDED_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TOOL_CHAT_TEMPLATE: str = (Path(__file__).with_name("chat_template.jinja")).read_text(encoding="utf-8")
@@ -132,40 +134,6 @@ def load_model(model: str = EMBEDDED, dtype: str = "float32", device: str = "cpu
     return net, tokenizer
 
 
-def _arguments_dict(name: str, arguments: Any) -> dict:
-    if isinstance(arguments, dict):
-        return arguments
-    try:
-        parsed = json.loads(arguments) if arguments not in (None, "") else {}
-    except (TypeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"tool call {name!r}: arguments are not JSON text ({exc})") from None
-    if not isinstance(parsed, dict):
-        raise ValueError(f"tool call {name!r}: arguments must be a JSON object, got {type(parsed).__name__}")
-    return parsed
-
-
-def to_template_messages(messages: list[dict]) -> list[dict]:
-    """Canonical messages -> the shape the chat template reads.
-
-    Tool-call arguments become dicts (canonical stores JSON text); tool calls take the OpenAI/HF
-    shape {"type": "function", "function": {"name", "arguments"}}; `reasoning` is dropped (see the
-    module docstring); content None becomes "".
-    """
-    out = []
-    for m in messages:
-        msg = {"role": m["role"], "content": m.get("content") or ""}
-        calls = m.get("tool_calls") or []
-        if calls:
-            msg["tool_calls"] = [
-                {"type": "function", "function": {"name": c["name"], "arguments": _arguments_dict(c["name"], c.get("arguments"))}}
-                for c in calls
-            ]
-        if m.get("tool_call_id"):
-            msg["tool_call_id"] = m["tool_call_id"]
-        out.append(msg)
-    return out
-
-
 def render_prompt(tokenizer, messages: list[dict], tools: list | None) -> str:
     """Prompt text of a turn: its canonical state rendered with the tools and the generation prompt."""
     return tokenizer.apply_chat_template(
@@ -179,7 +147,7 @@ def render_prompt(tokenizer, messages: list[dict], tools: list | None) -> str:
 
 def tool_call_text(name: str, arguments: Any) -> str:
     """One Hermes tool call exactly as the template renders it (json.dumps == the template's tojson)."""
-    args = _arguments_dict(name, arguments)
+    args = arguments_dict(name, arguments)
     body = '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": ' + json.dumps(args, ensure_ascii=False) + "}"
     return "<tool_call>\n" + body + "\n</tool_call>"
 

@@ -12,7 +12,6 @@ Seeds: each request carries seed = hash(seed, turn_id), for servers that honour 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
@@ -21,6 +20,8 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
+
+from pivot_assets.core.ids import seeded_int
 
 from .base import GenerationRequest, Sample, SamplingConfig, new_stats, order_by_trajectory
 from .models import tool_call_text
@@ -77,7 +78,7 @@ def openai_fingerprint(base_url: str, model: str) -> str:
 
 
 def request_seed(seed: int, turn_id: str) -> int:
-    return int.from_bytes(hashlib.sha256(f"{seed}:{turn_id}".encode()).digest()[:4], "little") & 0x7FFFFFFF
+    return seeded_int(seed, turn_id, bits=31)
 
 
 class OpenAIBackend:

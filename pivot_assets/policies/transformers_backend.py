@@ -15,12 +15,13 @@ Where the time goes, and what this backend does about it:
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass
 from typing import Iterator
 
 import torch
+
+from pivot_assets.core.ids import seeded_int
 
 from .base import GenerationRequest, Sample, SamplingConfig, new_stats, order_by_trajectory
 from .models import load_model, policy_fingerprint, render_prompt
@@ -30,8 +31,7 @@ PREFILL_CHUNK = 2048  # tokens per prefill forward: bounds the attention scratch
 
 def turn_generator(seed: int, turn_id: str) -> torch.Generator:
     """A generator seeded by (seed, turn_id): a turn's samples are reproducible on their own."""
-    digest = hashlib.sha256(f"{seed}:{turn_id}".encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+    return torch.Generator().manual_seed(seeded_int(seed, turn_id))
 
 
 def filter_logits(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
@@ -114,15 +114,10 @@ class TransformersBackend:
 
     batch_size: most decode rows (turns x K) per forward step. kv_budget_gb: most memory for the
     decode KV buffer (rows x (longest prompt + max_new_tokens)); a batch holds at least one turn.
-    threads: torch intra-op threads for this process (None: leave torch's setting). On a small,
-    shared CPU box 1 can be far faster: measured here under load, with 2 threads every elementwise op
-    of a 150-token forward waited ~8 ms on the other thread (6.4 s per forward vs 0.45 s with 1).
     """
 
     def __init__(self, model: str = "embedded", dtype: str = "float32", batch_size: int = 32,
-                 kv_budget_gb: float = 4.0, device: str = "cpu", threads: int | None = None):
-        if threads:
-            torch.set_num_threads(int(threads))
+                 kv_budget_gb: float = 4.0, device: str = "cpu"):
         self.model_name = model
         self.model, self.tokenizer = load_model(model, dtype=dtype, device=device)
         self.device = device

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterable, NamedTuple
 
-from pivot_assets.schema import canonical_json, short_hash
+from pivot_assets.core.ids import canonical_json, short_hash
 
 from .parsing import Parsed, prepare_candidate, prepare_expected
 

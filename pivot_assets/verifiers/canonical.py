@@ -35,7 +35,7 @@ def canon_number(value: float) -> int | float:
 
 # Built once: json.loads(parse_float=...) / json.dumps(sort_keys=...) construct a new coder on every call.
 _DECODER = json.JSONDecoder(parse_float=canon_float)
-# Same output as pivot_assets.schema.canonical_json (sorted keys, no whitespace, UTF-8 kept).
+# Same output as pivot_assets.core.ids.canonical_json (sorted keys, no whitespace, UTF-8 kept).
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 _PLAIN_ENCODER = json.JSONEncoder()
 # Whitespace that may precede a JSON container inside a string value (strip set of _looks_like_json_container).

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable
 
-from pivot_assets.schema import canonical_json
+from pivot_assets.core.ids import canonical_json
 
 from .base import Param, Reason, Score, Verifier
 from .parsing import Parsed, parsed_to_action

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Iterable
 
-from pivot_assets.schema import canonical_json, short_hash
+from pivot_assets.core.ids import canonical_json, short_hash
 
 from .base import Score, Verifier
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from rapidfuzz import fuzz
 
-from pivot_assets.schema import canonical_json
+from pivot_assets.core.ids import canonical_json
 
 from .base import Param, Reason, Score, Verifier
 from .canonical import normalize_text

@@ -27,7 +27,7 @@ import jsonschema
 from jsonschema.exceptions import SchemaError
 from rapidfuzz import fuzz
 
-from pivot_assets.schema import canonical_json
+from pivot_assets.core.ids import canonical_json
 
 from .base import Param, Reason, Score, Verifier, tools_as_list
 from .canonical import canonical_key, canonicalize, n_words, normalize_text, word_overlap

@@ -1,0 +1,139 @@
+"""The table catalog: every warehouse table's Arrow schema, key, contract and blocking flag, in one place.
+
+Stages write their tables with these schemas, the contracts (curation/contracts.py) check them by these
+keys, and the Dagster shell reads which checks block. Also where the shipped SQL and contract files
+are: inside the package in a wheel (pyproject maps sql/ and data_contracts/ there), the top-level
+folders of the design card in a checkout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+
+_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def bundled_dir(name: str) -> Path:
+    """`sql` or `data_contracts`: pivot_assets/<name> in an installed wheel, else <checkout>/<name>."""
+    inside = _PACKAGE / name
+    return inside if inside.is_dir() else _PACKAGE.parent / name
+
+
+SQL_DIR = bundled_dir("sql")
+CONTRACTS_DIR = bundled_dir("data_contracts")
+
+# -- canonical shapes as Arrow types (core/shapes.py describes them in words) ------------------------
+TOOL_CALL_TYPE = pa.struct([("id", pa.string()), ("name", pa.string()), ("arguments", pa.string())])
+MESSAGE_TYPE = pa.struct(
+    [
+        ("role", pa.string()),
+        ("content", pa.string()),
+        ("reasoning", pa.string()),
+        ("tool_calls", pa.list_(TOOL_CALL_TYPE)),
+        ("tool_call_id", pa.string()),
+    ]
+)
+
+TRAJECTORY_SCHEMA = pa.schema(
+    [
+        ("trajectory_id", pa.string()),
+        ("source", pa.string()),
+        ("record", pa.int64()),
+        ("source_format", pa.string()),
+        ("domain", pa.string()),
+        ("messages", pa.list_(MESSAGE_TYPE)),
+        ("tools", pa.string()),
+        ("outcome_reward", pa.float64()),
+    ]
+)
+QUARANTINE_SCHEMA = pa.schema(
+    [("source", pa.string()), ("record", pa.int64()), ("reason", pa.string()), ("raw", pa.string())]
+)
+TURNS_SCHEMA = pa.schema(
+    [
+        ("turn_id", pa.string()),
+        ("trajectory_id", pa.string()),
+        ("domain", pa.string()),
+        ("message_index", pa.int64()),
+        ("turn_index", pa.int64()),
+        ("action_kind", pa.string()),
+        ("expert_action", pa.string()),
+        ("tool_names", pa.list_(pa.string())),
+    ]
+)
+ROLLOUTS_SCHEMA = pa.schema(
+    [
+        ("turn_id", pa.string()),
+        ("trajectory_id", pa.string()),
+        ("policy_fp", pa.string()),
+        ("sampling_fp", pa.string()),
+        ("sample_index", pa.int32()),
+        ("completion", pa.string()),
+        ("n_prompt_tokens", pa.int32()),
+        ("n_completion_tokens", pa.int32()),
+        ("finish_reason", pa.string()),
+    ]
+)
+REWARDS_SCHEMA = pa.schema(
+    [
+        ("turn_id", pa.string()),
+        ("policy_fp", pa.string()),
+        ("sampling_fp", pa.string()),
+        ("sample_index", pa.int32()),
+        ("verifier_fp", pa.string()),
+        ("domain", pa.string()),
+        ("reward", pa.float64()),
+        ("reason", pa.string()),
+        ("detail", pa.string()),
+        ("action", pa.string()),  # the parsed candidate action (canonical JSON), null when unparseable
+    ]
+)
+SELECTION_LOG_SCHEMA = pa.schema(
+    [("turn_id", pa.string()), ("set", pa.string()), ("kept", pa.bool_()), ("reason", pa.string())]
+)
+
+# -- pivot sets ------------------------------------------------------------------------------------
+PIVOT_SETS = ("mixed", "adv", "cand")
+SET_TABLES = {name: f"pivots_{name}" for name in PIVOT_SETS}
+PIVOT_TABLES = tuple(SET_TABLES.values())
+SELECTION_LOG = "pivot_selection_log"
+
+
+@dataclass(frozen=True)
+class Table:
+    """One warehouse table: its key, its schema where it has a fixed one, and its data contract."""
+
+    name: str
+    key: tuple[str, ...]
+    schema: pa.Schema | None = None
+    contract: bool = True  # a suite data_contracts/<name>.json checks it
+    blocking: bool = False  # a failed contract stops everything downstream
+    related: tuple[str, ...] = field(default=())  # other tables its contract reads
+
+    @property
+    def contract_path(self) -> Path:
+        return CONTRACTS_DIR / f"{self.name}.json"
+
+
+_PROFILE_KEY = ("turn_id", "policy_fp", "verifier_fp")
+TABLES: dict[str, Table] = {
+    t.name: t
+    for t in (
+        Table("trajectories", ("trajectory_id",), TRAJECTORY_SCHEMA),
+        Table("quarantine", ("source", "record"), QUARANTINE_SCHEMA),
+        Table("turns", ("turn_id",), TURNS_SCHEMA),
+        Table("rollouts", ("turn_id", "policy_fp", "sampling_fp", "sample_index"), ROLLOUTS_SCHEMA),
+        Table("rollout_rewards", ("turn_id", "policy_fp", "sampling_fp", "sample_index", "verifier_fp"),
+              REWARDS_SCHEMA),
+        Table("turn_profiles", _PROFILE_KEY, related=("rollout_rewards",)),
+        *(Table(name, _PROFILE_KEY, blocking=True, related=("turns",)) for name in PIVOT_TABLES),
+        Table(SELECTION_LOG, ("turn_id", "set"), SELECTION_LOG_SCHEMA, contract=False),
+    )
+}
+CONTRACT_TABLES = tuple(name for name, t in TABLES.items() if t.contract)
+BLOCKING_TABLES = tuple(name for name, t in TABLES.items() if t.blocking)
+KEY_COLUMNS = {name: list(t.key) for name, t in TABLES.items()}
+RELATED_TABLES = {name: t.related for name, t in TABLES.items() if t.related}

@@ -1,0 +1,192 @@
+"""pivot.yaml: the one configuration file (Dagster-free).
+
+Resolution order: an explicit path (`--config FILE`), else $PIVOT_CONFIG, else ./pivot.yaml if present,
+else the built-in defaults (embedded synthetic sample, ./warehouse). Relative paths in the file are
+relative to the file itself. Every error is a `ConfigError` with a one-line message naming the key or path.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+FORMATS = ("auto", "openai", "responses", "tau2", "sharegpt")
+Dtype = Literal["auto", "float32", "bfloat16"]
+
+
+class ConfigError(ValueError):
+    """A configuration problem, phrased as one line for the user."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InputSpec(_Strict):
+    path: str
+    format: Literal["auto", "openai", "responses", "tau2", "sharegpt"] = "auto"
+    domain: str | None = None
+
+
+class PolicySection(_Strict):
+    backend: Literal["transformers", "vllm", "openai"] = "transformers"
+    model: str = "embedded"
+    base_url: str | None = None
+    api_key_env: str | None = None
+    k: int = Field(8, ge=1)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(256, ge=1)
+    seed: int = 0
+    limit_turns: int | None = Field(None, ge=1)
+    dtype: Dtype = "auto"  # auto: bf16 only where the device runs it natively (core/hardware.py)
+    device: str = "cpu"  # cpu | cuda | cuda:N (transformers backend)
+    batch_size: int = Field(64, ge=1)
+    concurrency: int = Field(8, ge=1)
+
+
+class PivotsSection(_Strict):
+    lambda_diff: float = Field(0.6, ge=0.0, le=1.0)
+    max_per_trajectory: int | None = Field(None, ge=1)
+    cand_size: int | None = Field(None, ge=0)
+    seed: int = 0
+    min_k: int | None = Field(None, ge=1)
+    domain_quotas: dict[str, Annotated[int, Field(ge=0)]] | None = None
+
+
+class TrainingSection(_Strict):
+    set: Literal["adv", "mixed", "cand"] = "adv"
+    init: Literal["sft", "reference"] = "sft"
+    steps: int = Field(50, ge=1)
+    num_generations: int = Field(8, ge=2)
+    learning_rate: float = Field(1.0e-6, gt=0)
+    max_completion_length: int = Field(256, ge=1)
+    eval_fraction: float = Field(0.1, ge=0.0, lt=1.0)
+    eval_k: int = Field(4, ge=1)
+    seed: int = 0
+    dtype: Dtype = "auto"  # GRPO training precision; auto: bf16 autocast only where native
+    grpo: dict[str, Any] = Field(default_factory=dict)
+
+
+class SFTSection(_Strict):
+    steps: int = Field(12, ge=1)
+    learning_rate: float = Field(1.0e-4, gt=0)
+    batch_size: int = Field(2, ge=1)
+    max_length: int = Field(1024, ge=16)
+    dtype: Dtype = "auto"  # bf16 autocast only where native (core/hardware.py)
+    seed: int = 0
+
+
+class RuntimeSection(_Strict):
+    """How processes run torch: intra-op threads (auto = half the usable cores, bench/RESULTS_threads.md)."""
+
+    threads: int | Literal["auto"] = "auto"
+
+    @field_validator("threads")
+    @classmethod
+    def _positive(cls, v):
+        if v != "auto" and v < 1:
+            raise ValueError("must be >= 1 or auto")
+        return v
+
+
+class SampleSection(_Strict):
+    """The embedded synthetic sample used when `inputs` is omitted."""
+
+    n_trajectories: int = Field(60, ge=1)
+    seed: int = 0
+
+
+class PivotConfig(_Strict):
+    warehouse: str = "./warehouse"
+    inputs: list[InputSpec] | None = None
+    sample: SampleSection = Field(default_factory=SampleSection)
+    policy: PolicySection = Field(default_factory=PolicySection)
+    verifier: dict[str, Any] = Field(default_factory=lambda: {"default": {"name": "tool_call"}})
+    pivots: PivotsSection = Field(default_factory=PivotsSection)
+    training: TrainingSection = Field(default_factory=TrainingSection)
+    sft: SFTSection = Field(default_factory=SFTSection)
+    runtime: RuntimeSection = Field(default_factory=RuntimeSection)
+    # Directory the relative paths above are resolved against (the config file's folder).
+    base_dir: str = "."
+
+    @field_validator("verifier")
+    @classmethod
+    def _verifier_shape(cls, v: dict) -> dict:
+        unknown = set(v) - {"default", "domains"}
+        if unknown:
+            raise ValueError(f"unknown key {sorted(unknown)[0]!r} (expected 'default' or 'domains')")
+        return v
+
+    # -- resolved paths -------------------------------------------------------------------
+    def resolve(self, p: str) -> Path:
+        path = Path(os.path.expanduser(p))
+        return path if path.is_absolute() else (Path(self.base_dir) / path).resolve()
+
+    @property
+    def warehouse_dir(self) -> Path:
+        return self.resolve(self.warehouse)
+
+    def section(self, name: str) -> dict:
+        """A section as a plain dict (what the Dagster-free libraries take)."""
+        value = getattr(self, name)
+        return value.model_dump() if isinstance(value, BaseModel) else dict(value)
+
+
+def _format_validation_error(err: ValidationError, source: str) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    if first["type"] == "extra_forbidden":
+        return f"{source}: unknown key '{loc}'"
+    return f"{source}: {loc}: {first['msg']}"
+
+
+def _check_inputs(cfg: PivotConfig, source: str) -> None:
+    for i, spec in enumerate(cfg.inputs or []):
+        path = cfg.resolve(spec.path)
+        if not (path.exists() or glob.glob(str(path), recursive=True)):
+            raise ConfigError(f"{source}: inputs.{i}.path: no such file, directory or glob match: {path}")
+
+
+def resolve_config_path(path: str | os.PathLike | None = None) -> Path | None:
+    """The config file in force: explicit path, else $PIVOT_CONFIG, else ./pivot.yaml, else None."""
+    if path is None:
+        path = os.environ.get("PIVOT_CONFIG") or ("pivot.yaml" if Path("pivot.yaml").exists() else None)
+    return Path(path).resolve() if path else None
+
+
+def load_config(path: str | os.PathLike | None = None, *, overrides: dict | None = None) -> PivotConfig:
+    """Load and validate pivot.yaml (see module docstring for the resolution order)."""
+    path = resolve_config_path(path)
+    raw: dict = {}
+    source = "built-in defaults"
+    base_dir = Path.cwd()
+    if path is not None:
+        p = Path(path)
+        source = str(p)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark else ""
+            raise ConfigError(f"{source}:{where}: invalid YAML ({getattr(e, 'problem', e)})") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{source}: the top level must be a mapping of keys")
+        base_dir = p.resolve().parent
+    raw = {**raw, **(overrides or {})}
+    if "base_dir" in raw and path is not None:
+        raise ConfigError(f"{source}: unknown key 'base_dir'")
+    raw.setdefault("base_dir", str(base_dir))
+    try:
+        cfg = PivotConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(e, source)) from None
+    _check_inputs(cfg, source)
+    return cfg

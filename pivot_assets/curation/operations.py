@@ -1,0 +1,73 @@
+"""Curation as the assets and the CLI call it (Dagster-free): one selection writing every pivot set and the
+selection log, data contracts over materialized tables, and pivot-set exports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pivot_assets.core.catalog import PIVOT_TABLES, SELECTION_LOG, SET_TABLES
+from pivot_assets.core.config import PivotConfig, PivotsSection
+from pivot_assets.core.warehouse import Warehouse
+
+
+def select_and_write(wh: Warehouse, pivots: PivotsSection) -> dict[str, int]:
+    """Select D_mixed, D_adv, D_cand from the current profiles and write them with the selection log;
+    returns the funnel counts. One selection writes all four tables, so they always agree."""
+    from pivot_assets.curation.selection import funnel_counts, select_pivots
+
+    result = select_pivots(wh.read("turn_profiles"), wh.read("turns"), pivots)
+    for table in PIVOT_TABLES:
+        wh.write_table(table, result[table].to_arrow())
+    wh.write_table(SELECTION_LOG, result["selection_log"].to_arrow())
+    return funnel_counts(result)
+
+
+def pass_rates(wh: Warehouse, table: str = "turn_profiles") -> list[float]:
+    return wh.read(table, ["reward_mean"])["reward_mean"].to_list()
+
+
+def contract_params(cfg: PivotConfig) -> dict:
+    return {"lambda_diff": cfg.pivots.lambda_diff}
+
+
+def check_table(wh: Warehouse, table: str, params: dict):
+    """Run one table's Great Expectations suite on its materialized Parquet (plus the related tables)."""
+    from pivot_assets.curation.contracts import RELATED_TABLES, run_contract
+
+    if not wh.exists(table):
+        raise ValueError(f"table {table!r} is not materialized in {wh.root}")
+    related = {name: wh.read(name) for name in RELATED_TABLES.get(table, ())}
+    return run_contract(table, wh.read(table), related=related, params=params)
+
+
+def check_tables(cfg: PivotConfig, table: str | None = None):
+    """Yield (table, ContractResult) for one table, or for every materialized table with a contract."""
+    from pivot_assets.curation.contracts import CONTRACT_TABLES
+
+    wh = Warehouse(cfg.warehouse_dir)
+    if table is not None and table not in CONTRACT_TABLES:
+        raise ValueError(f"no contract for {table!r} (known: {', '.join(CONTRACT_TABLES)})")
+    tables = [table] if table else [t for t in CONTRACT_TABLES if wh.exists(t)]
+    if not tables:
+        raise ValueError(f"nothing materialized in {wh.root} yet: run `pivot run` first")
+    for name in tables:
+        yield name, check_table(wh, name, contract_params(cfg))
+
+
+def export_set(cfg: PivotConfig, pivot_set: str, fmt: str, out: Path) -> Path:
+    """Write a pivot set as a Hugging Face dataset dir (`hf`) or NeMo-Gym pivot JSONL (`nemo-gym`)."""
+    from pivot_assets.curation import exports
+
+    wh = Warehouse(cfg.warehouse_dir)
+    table = SET_TABLES[pivot_set]
+    if not wh.exists(table):
+        raise ValueError(f"{table} is not materialized yet: run `pivot run --select {table}` first")
+    pivots, trajectories = wh.read(table), wh.read("trajectories")
+    out = Path(out)
+    if fmt == "hf":
+        exports.save_hf(exports.to_hf_dataset(pivots, trajectories), out)
+        return out
+    path = out / f"{table}.jsonl" if out.suffix != ".jsonl" else out
+    path.parent.mkdir(parents=True, exist_ok=True)
+    exports.write_jsonl(exports.to_nemo_gym_rows(pivots, trajectories), path)
+    return path

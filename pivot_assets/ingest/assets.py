@@ -1,0 +1,57 @@
+"""Stage 1 in Dagster: raw trajectory files -> `trajectories` + `quarantine` -> `turns` (group `ingest`)."""
+
+import dagster as dg
+
+from pivot_assets.core.config import PivotConfig
+from pivot_assets.core.warehouse import Warehouse
+from pivot_assets.resources import publish, timed
+
+from .inputs import action_kind_mix, inputs_fingerprint, resolved_inputs, write_ingest, write_turns
+
+GROUP = __package__.rsplit(".", 1)[-1]
+TURNS_VERSION = "1"
+INGEST_TABLES = {
+    "trajectories": "Canonical trajectories (one row per unique trajectory; content-hash id).",
+    "quarantine": "Every input record that could not be ingested, with its reason and raw text.",
+}
+
+
+def build_assets(cfg: PivotConfig) -> list:
+    version = inputs_fingerprint(cfg)
+
+    @dg.multi_asset(
+        specs=[
+            dg.AssetSpec(name, group_name=GROUP, code_version=version, description=text, kinds={"parquet", "duckdb"})
+            for name, text in INGEST_TABLES.items()
+        ],
+        can_subset=False,
+    )
+    def ingest(context: dg.AssetExecutionContext):
+        wh = Warehouse(cfg.warehouse_dir)
+        inputs = resolved_inputs(cfg)
+        with timed() as t:
+            counts = write_ingest(wh, inputs)
+        context.log.info(
+            f"read {counts['read']} records: {counts['ingested']} ingested, "
+            f"{counts['quarantined']} quarantined, {counts['duplicates']} duplicates in {t['seconds']:.1f}s"
+        )
+        yield publish(wh, "trajectories", {
+            "read": counts["read"], "ingested": counts["ingested"], "quarantined": counts["quarantined"],
+            "duplicates": counts["duplicates"], "by_format": dg.MetadataValue.json(counts["by_format"]),
+            "inputs": dg.MetadataValue.json([i["path"] for i in inputs]), "seconds": round(t["seconds"], 2),
+        })
+        yield publish(wh, "quarantine", {"reasons": dg.MetadataValue.json(counts["quarantine_reasons"])})
+
+    @dg.asset(deps=["trajectories"], group_name=GROUP, code_version=TURNS_VERSION, kinds={"parquet", "duckdb"})
+    def turns(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        """Extracted assistant turns: (state = messages before it + tools, action = the expert's message)."""
+        wh = Warehouse(cfg.warehouse_dir)
+        with timed() as t:
+            n = write_turns(wh)
+        context.log.info(f"extracted {n} turns in {t['seconds']:.2f}s")
+        return publish(wh, "turns", {
+            "seconds": round(t["seconds"], 3), "turns_per_second": round(n / max(t["seconds"], 1e-9)),
+            "action_kinds": dg.MetadataValue.json(action_kind_mix(wh)),
+        })
+
+    return [ingest, turns]

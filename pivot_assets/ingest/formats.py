@@ -1,0 +1,775 @@
+"""Trajectory ingestion: readers, format adapters and the quarantine rules (Dagster-free).
+
+Every input record becomes exactly one of:
+  ("trajectory", row)  a canonical trajectory (TRAJECTORY_SCHEMA),
+  ("quarantine", row)  a record we could not use, with a one-line reason "category: detail" and the raw text
+                       capped at RAW_CAP characters (QUARANTINE_SCHEMA),
+  ("duplicate", row)   a record whose canonical content (messages + tools) was already ingested
+                       ({trajectory_id, source, record}).
+so read = ingested + quarantined + duplicates. A tau2-bench results file counts one record per simulation.
+
+Readers (chosen by file extension; other files in a directory are not data and are skipped):
+  .json      a top-level list (one record per element), an object (one record), or a tau2 results object
+             ({"simulations": [...]}: one record per simulation, `record` = the simulation index);
+             a file that does not parse is one quarantined record (record 0).
+  .jsonl     one record per non-blank line; `record` = 0-based line number (line = record + 1); a bad line
+             is quarantined and the rest of the file continues.
+  .parquet   pyarrow, in row batches; columns holding JSON text (messages, tools, ...) are parsed.
+  a directory with dataset_info.json / state.json / dataset_dict.json: a Hugging Face `datasets` dataset
+             saved with save_to_disk (every split, in order).
+Text records larger than MAX_RECORD_BYTES are quarantined ("oversized") without being parsed.
+
+Formats (format=auto detects per record; a forced format that does not fit is "format_mismatch"):
+  openai     messages under `messages`, `traj` or `conversation`; assistant `tool_calls`
+             [{id, type, function: {name, arguments}}] (arguments a JSON string or an object; the flat
+             {id, name, arguments} form and the legacy `function_call` are accepted too); `role: tool` results
+             with `tool_call_id`; reasoning from `reasoning` / `reasoning_content` / `thinking`; optional `tools`;
+             outcome reward from `reward`, `success` or `score` (a bool becomes 1.0 / 0.0). Our own trajectories
+             Parquet (TRAJECTORY_SCHEMA) reads back as this format with the same trajectory_ids.
+  responses  OpenAI Responses / NeMo-Gym rollouts: `responses_create_params.instructions` (a system message),
+             `responses_create_params.input` (a string = one user message, or items) then `response.output`
+             items: message, function_call, function_call_output, reasoning; `reward`. Tools are flat
+             {type, name, description, parameters} and become chat tool schemas.
+             Merge rule: consecutive assistant-side items (reasoning, assistant message, function_call) with no
+             tool output or user/system item between them are ONE assistant message (one model call); the
+             start of `response.output` also starts a new model call.
+             Pivot rows (NeMo-Gym's single-step format: `expected_action`): the input is the state and the
+             expected action is appended as the final assistant message, so the row is one trajectory whose
+             last turn is the pivot. A `response` on such a row is a policy sample scored against the expected
+             action (example_rollouts.jsonl), not expert data: it is ignored and outcome_reward is null (its
+             reward scores the sample, not the trajectory). The same pivot row in example.jsonl and
+             example_rollouts.jsonl is therefore one trajectory plus one duplicate.
+             Task rows with no assistant output (workplace_assistant/example.jsonl: input + `ground_truth`, a
+             list of required calls that a rollout spreads over several model calls) have no expert turn:
+             they are quarantined as "no_assistant_turn". (An input-only row whose input already holds
+             assistant turns is ingested as that input.)
+  tau2       tau2-bench results: `simulations[].messages`; tool calls {id, name, arguments(object)}; tool
+             results are `role: tool` with `id` = the call id; reward from `reward_info.reward`; domain from
+             `info.environment_info.domain_name`; the policy text (simulation `policy` or
+             info.environment_info.policy) becomes the leading system message (tau2's agent wraps it in its
+             own instruction template; we keep the policy verbatim). tau2 results store no tool schemas
+             (`environment_info.tool_defs` is null in the shared run), so tools are "[]" unless
+             `environment_info.tool_defs` / `tools` holds a list.
+  sharegpt   `conversations` [{from, value}]: system, human/user, gpt/assistant, function_call (an assistant
+             tool call: JSON {name, arguments} or a list of them), observation/tool/function_response (tool
+             results, matched in order to the pending calls); optional top-level `system` and `tools`.
+
+Canonical message: all five keys always present (see schema.py): role, content (str|None), reasoning
+(str|None), tool_calls ([{id, name, arguments}]|None, arguments = schema.canonical_json of the parsed object),
+tool_call_id (str|None). Missing call ids get deterministic ids `call_<message index>_<k>`.
+
+Turn rules (turn_extraction.py cuts one turn per assistant message):
+  - reasoning content stays in the message's `reasoning`, visible in later states, never part of an action;
+  - an assistant message with both text and tool calls is a tool-call action (the text stays in the message);
+  - consecutive assistant messages (chat formats) are separate turns; the later one's state contains the
+    earlier one (in the Responses format consecutive assistant-side items are merged, see above);
+  - a trailing assistant message is a turn like any other (usually a final "message" action);
+  - an assistant message with no text (empty or whitespace) and no tool calls would be an empty target action:
+    the record is quarantined ("empty_assistant_message"). The shared data has none (tau2: 0 of 593 assistant
+    messages; NeMo-Gym: every merged group holds a message or a function call).
+Domain: the input's `domain` when given, else the record's (`domain`, `metadata.domain`, `domain_name`,
+tau2's environment domain), else "default".
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from pivot_assets.core.ids import canonical_json, trajectory_id
+from pivot_assets.core.shapes import ROLES
+
+MAX_RECORD_BYTES = 8 * 1024 * 1024  # a text record larger than this is quarantined unparsed
+RAW_CAP = 4096  # characters of raw text kept on a quarantine row
+PARQUET_BATCH_ROWS = 512
+FORMATS = ("auto", "openai", "responses", "tau2", "sharegpt")
+DATA_SUFFIXES = (".json", ".jsonl", ".parquet")
+HF_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
+
+from pivot_assets.core.catalog import MESSAGE_TYPE, QUARANTINE_SCHEMA, TOOL_CALL_TYPE, TRAJECTORY_SCHEMA  # noqa: E402
+
+
+class RecordError(ValueError):
+    """A record that cannot be ingested; str() is the one-line quarantine reason "category: detail"."""
+
+    def __init__(self, category: str, detail: str):
+        one_line = " ".join(str(detail).split())
+        super().__init__(f"{category}: {one_line}"[:500])
+        self.category = category
+
+
+@dataclass
+class Input:
+    """One configured input (the config's `inputs` items have the same three fields)."""
+
+    path: str
+    format: str = "auto"
+    domain: str | None = None
+
+
+@dataclass
+class RawRecord:
+    """What a reader yields: a parsed record, or the error that stopped it, plus its raw text when known."""
+
+    source: str
+    record: int
+    value: Any = None
+    error: RecordError | None = None
+    raw: str | None = None
+    context: dict | None = None  # file-level data a tau2 simulation needs (info, tasks)
+
+
+# ---------------------------------------------------------------------------------------------- ingest
+
+
+def iter_ingest(inputs: Iterable[Any]) -> Iterator[tuple[str, dict]]:
+    """Ingest every record of every input: yields ("trajectory"|"quarantine"|"duplicate", row).
+
+    `inputs` items are objects or dicts with `path` (file, directory or glob), `format` and optional `domain`.
+    Identical trajectories (same trajectory_id) are kept once across all inputs. Streams: one file's
+    records plus the set of seen ids are held at a time.
+    """
+    seen: set[str] = set()
+    for item in inputs:
+        spec = _as_input(item)
+        for raw in iter_raw_records(spec.path):
+            kind, row = ingest_record(raw, spec.format, spec.domain)
+            if kind == "trajectory":
+                if row["trajectory_id"] in seen:
+                    kind = "duplicate"
+                    row = {"trajectory_id": row["trajectory_id"], "source": row["source"], "record": row["record"]}
+                else:
+                    seen.add(row["trajectory_id"])
+            yield kind, row
+
+
+def ingest_record(raw: RawRecord, fmt: str = "auto", domain: str | None = None) -> tuple[str, dict]:
+    """One raw record -> ("trajectory", row) or ("quarantine", row); no dedup here."""
+    if raw.error is not None:
+        return "quarantine", _quarantine_row(raw, raw.error)
+    try:
+        source_format, adapted = adapt_record(raw.value, fmt, raw.context)
+        messages = validate_messages(adapted["messages"])
+        tools = normalize_tools(adapted.get("tools"))
+        reward = parse_reward(adapted.get("reward"))
+        _check_encodable(messages, tools)
+    except RecordError as err:
+        return "quarantine", _quarantine_row(raw, err)
+    row = {
+        "trajectory_id": trajectory_id(messages, tools),
+        "source": raw.source,
+        "record": raw.record,
+        "source_format": source_format,
+        "domain": domain or adapted.get("domain") or "default",
+        "messages": messages,
+        "tools": canonical_json(tools),
+        "outcome_reward": reward,
+    }
+    return "trajectory", row
+
+
+def _as_input(item: Any) -> Input:
+    get = item.get if isinstance(item, dict) else (lambda k, d=None: getattr(item, k, d))
+    fmt = get("format", "auto") or "auto"
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown input format {fmt!r} (one of {', '.join(FORMATS)})")
+    return Input(path=str(get("path")), format=fmt, domain=get("domain", None))
+
+
+def _quarantine_row(raw: RawRecord, err: RecordError) -> dict:
+    text = raw.raw
+    if text is None:
+        try:
+            text = json.dumps(raw.value, ensure_ascii=False, default=str)
+        except (TypeError, ValueError):
+            text = repr(raw.value)
+    return {"source": raw.source, "record": raw.record, "reason": str(err), "raw": text[:RAW_CAP]}
+
+
+def _check_encodable(messages: list[dict], tools: list) -> None:
+    # A lone surrogate ("\ud800" in JSON) decodes into Python but cannot be written as UTF-8 (Parquet, DuckDB).
+    try:
+        canonical_json([messages, tools]).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RecordError("non_utf8", f"text holds an unpaired surrogate at offset {e.start}") from None
+
+
+# ---------------------------------------------------------------------------------------------- readers
+
+
+def expand_paths(path: str) -> list[Path]:
+    """A file, a directory (recursively: data files and HF dataset dirs) or a glob -> sorted data paths."""
+    if any(ch in path for ch in "*?["):
+        matches = sorted(Path(p) for p in globlib.glob(path, recursive=True))
+    else:
+        matches = [Path(path)]
+    found: list[Path] = []
+    for p in matches:
+        if not p.exists():
+            raise FileNotFoundError(f"input path not found: {p}")
+        found.extend(_walk(p))
+    return found
+
+
+def _walk(p: Path) -> list[Path]:
+    if p.is_file():
+        return [p]
+    if _is_hf_dataset(p):
+        return [p]
+    out: list[Path] = []
+    for child in sorted(p.iterdir()):
+        if child.is_dir():
+            out.extend(_walk(child))
+        elif child.suffix.lower() in DATA_SUFFIXES:
+            out.append(child)
+    return out
+
+
+def _is_hf_dataset(p: Path) -> bool:
+    return p.is_dir() and any((p / m).exists() for m in HF_MARKERS)
+
+
+def iter_raw_records(path: str) -> Iterator[RawRecord]:
+    """Every record under `path`, file by file, as RawRecord (parsed or carrying its error)."""
+    for p in expand_paths(path):
+        if p.is_dir():
+            yield from read_hf_dataset(p)
+            continue
+        suffix = p.suffix.lower()
+        if suffix == ".jsonl":
+            yield from read_jsonl(p)
+        elif suffix == ".parquet":
+            yield from read_parquet(p)
+        else:  # .json, and any file named explicitly: try JSON
+            yield from read_json(p)
+
+
+def _decode(data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RecordError("non_utf8", f"invalid UTF-8 byte 0x{data[e.start]:02x} at byte {e.start}") from None
+
+
+def _parse_json_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        truncated = e.pos >= len(text.rstrip()) or e.msg.startswith("Unterminated")
+        category = "truncated_json" if truncated else "invalid_json"
+        raise RecordError(category, f"{e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise RecordError("invalid_json", "nesting too deep") from None
+
+
+def _parse_bytes(data: bytes) -> Any:
+    if len(data) > MAX_RECORD_BYTES:
+        raise RecordError("oversized", f"{len(data)} bytes > cap {MAX_RECORD_BYTES}")
+    return _parse_json_text(_decode(data))
+
+
+def _raw_text(data: bytes) -> str:
+    return data[: RAW_CAP * 4].decode("utf-8", errors="replace")[:RAW_CAP]
+
+
+def read_jsonl(p: Path) -> Iterator[RawRecord]:
+    """One record per non-blank line; record = 0-based line number; a bad line does not stop the file."""
+    with open(p, "rb") as f:
+        for lineno, line in enumerate(f):
+            if not line.strip():
+                continue
+            try:
+                value = _parse_bytes(line)
+            except RecordError as err:
+                yield RawRecord(str(p), lineno, error=_with_line(err, lineno), raw=_raw_text(line))
+                continue
+            yield RawRecord(str(p), lineno, value=value, raw=None)
+
+
+def _with_line(err: RecordError, lineno: int) -> RecordError:
+    category, _, detail = str(err).partition(": ")
+    return RecordError(category, f"{detail} (file line {lineno + 1})")
+
+
+def read_json(p: Path) -> Iterator[RawRecord]:
+    """A top-level list, one object, or a tau2 results object (one record per simulation)."""
+    data = p.read_bytes()
+    try:
+        text = _decode(data)
+        value = _parse_json_text(text)
+    except RecordError as err:
+        yield RawRecord(str(p), 0, error=err, raw=_raw_text(data))
+        return
+    if isinstance(value, dict) and isinstance(value.get("simulations"), list):
+        context = {k: v for k, v in value.items() if k != "simulations"}
+        for i, sim in enumerate(value["simulations"]):
+            yield _sized(RawRecord(str(p), i, value=sim, context=context))
+    elif isinstance(value, list):
+        for i, element in enumerate(value):
+            yield _sized(RawRecord(str(p), i, value=element))
+    else:
+        yield _sized(RawRecord(str(p), 0, value=value))
+
+
+def _sized(raw: RawRecord) -> RawRecord:
+    # Elements of a JSON file were parsed with the file; the cap still applies to each record's own size.
+    if len(data := json.dumps(raw.value, ensure_ascii=False)) > MAX_RECORD_BYTES:
+        raw.error = RecordError("oversized", f"{len(data)} characters > cap {MAX_RECORD_BYTES}")
+        raw.raw = data[:RAW_CAP]
+    return raw
+
+
+def read_parquet(p: Path) -> Iterator[RawRecord]:
+    """Rows of a Parquet file, read in batches of PARQUET_BATCH_ROWS."""
+    import pyarrow.parquet as pq
+
+    index = 0
+    for batch in pq.ParquetFile(p).iter_batches(batch_size=PARQUET_BATCH_ROWS):
+        for row in batch.to_pylist():
+            yield RawRecord(str(p), index, value=row)
+            index += 1
+
+
+def read_hf_dataset(p: Path) -> Iterator[RawRecord]:
+    """A `datasets` dataset saved to disk; a DatasetDict yields its splits in order, records numbered on."""
+    import datasets
+
+    loaded = datasets.load_from_disk(str(p))
+    splits = [loaded[name] for name in loaded] if isinstance(loaded, datasets.DatasetDict) else [loaded]
+    index = 0
+    for split in splits:
+        for row in split:
+            yield RawRecord(str(p), index, value=row)
+            index += 1
+
+
+# ---------------------------------------------------------------------------------------------- adapters
+
+JSON_TEXT_FIELDS = ("messages", "traj", "conversation", "conversations", "tools", "responses_create_params",
+                    "response", "expected_action", "reward_info")
+
+
+def adapt_record(value: Any, fmt: str, context: dict | None) -> tuple[str, dict]:
+    """A parsed record -> (source_format, {messages (unvalidated canonical), tools, reward, domain})."""
+    if not isinstance(value, dict):
+        raise RecordError("wrong_type", f"record is {type(value).__name__}, expected an object")
+    value = _parse_json_columns(value)
+    detected = detect_format(value, context)
+    if fmt == "auto":
+        if detected is None:
+            raise RecordError("unknown_format", f"no known format fits keys {sorted(value)[:12]}")
+        fmt = detected
+    elif detected != fmt and not _fits(value, fmt):
+        raise RecordError("format_mismatch", f"input format is {fmt} but the record looks like {detected}")
+    adapter = {"openai": adapt_openai, "responses": adapt_responses, "tau2": adapt_tau2,
+               "sharegpt": adapt_sharegpt}[fmt]
+    return fmt, adapter(value, context or {})
+
+
+def _parse_json_columns(value: dict) -> dict:
+    # Parquet / HF datasets often store nested fields as JSON text.
+    out = dict(value)
+    for key in JSON_TEXT_FIELDS:
+        v = out.get(key)
+        if isinstance(v, str) and v[:1] in "[{":
+            out[key] = _parse_json_text(v)
+    return out
+
+
+def detect_format(value: dict, context: dict | None = None) -> str | None:
+    """The format of one record, or None."""
+    if "responses_create_params" in value:
+        return "responses"
+    if "reward_info" in value or (context and "simulations" not in value and "messages" in value
+                                  and ("info" in context or "tasks" in context)):
+        return "tau2"
+    conv = value.get("conversations")
+    if isinstance(conv, list) and conv and isinstance(conv[0], dict) and "from" in conv[0]:
+        return "sharegpt"
+    if any(isinstance(value.get(k), list) for k in ("messages", "traj", "conversation", "conversations")):
+        return "openai"
+    return None
+
+
+def _fits(value: dict, fmt: str) -> bool:
+    keys = {"openai": ("messages", "traj", "conversation", "conversations"), "responses": ("responses_create_params",),
+            "tau2": ("messages",), "sharegpt": ("conversations",)}[fmt]
+    return any(k in value for k in keys)
+
+
+def _message(role: str, content: str | None = None, reasoning: str | None = None,
+             tool_calls: list | None = None, tool_call_id: str | None = None) -> dict:
+    return {"role": role, "content": content, "reasoning": reasoning, "tool_calls": tool_calls or None,
+            "tool_call_id": tool_call_id}
+
+
+def _text(content: Any, where: str) -> str | None:
+    """Message content -> text: a string, None, or a list of text parts (joined)."""
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, dict) and isinstance(part.get("text", part.get("refusal")), str):
+                texts.append(part.get("text", part.get("refusal")))
+            else:
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise RecordError("wrong_type", f"{where}: unsupported content part {kind!r}")
+        return "".join(texts)
+    raise RecordError("wrong_type", f"{where}: content is {type(content).__name__}")
+
+
+def _arguments(args: Any, where: str) -> str:
+    """Tool-call arguments (JSON text or an object) -> canonical JSON text of an object."""
+    if args is None or (isinstance(args, str) and not args.strip()):
+        return "{}"
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError as e:
+            raise RecordError("bad_arguments", f"{where}: arguments are not JSON ({e.msg})") from None
+    if not isinstance(args, dict):
+        raise RecordError("bad_arguments", f"{where}: arguments are a JSON {type(args).__name__}, not an object")
+    return canonical_json(args)
+
+
+def _call(name: Any, args: Any, call_id: Any, where: str) -> dict:
+    if not isinstance(name, str) or not name:
+        raise RecordError("wrong_type", f"{where}: tool call name is {type(name).__name__}")
+    if call_id is not None and not isinstance(call_id, str):
+        raise RecordError("wrong_type", f"{where}: tool call id is {type(call_id).__name__}")
+    return {"id": call_id, "name": name, "arguments": _arguments(args, where)}
+
+
+def _chat_tool_calls(raw_calls: Any, where: str) -> list[dict]:
+    if raw_calls is None:
+        return []
+    if not isinstance(raw_calls, list):
+        raise RecordError("wrong_type", f"{where}: tool_calls is {type(raw_calls).__name__}")
+    calls = []
+    for k, c in enumerate(raw_calls):
+        if not isinstance(c, dict):
+            raise RecordError("wrong_type", f"{where}: tool call {k} is {type(c).__name__}")
+        fn = c.get("function") if isinstance(c.get("function"), dict) else c
+        calls.append(_call(fn.get("name"), fn.get("arguments"), c.get("id"), f"{where} call {k}"))
+    return calls
+
+
+CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "human": "user",
+              "assistant": "assistant", "tool": "tool", "function": "tool", "ipython": "tool"}
+
+
+def chat_messages(raw_messages: Any) -> list[dict]:
+    """OpenAI-chat-like messages (also tau2's) -> canonical messages (ids not yet filled)."""
+    if not isinstance(raw_messages, list):
+        raise RecordError("wrong_type", f"messages is {type(raw_messages).__name__}, expected a list")
+    out = []
+    for i, m in enumerate(raw_messages):
+        where = f"message {i}"
+        if not isinstance(m, dict):
+            raise RecordError("wrong_type", f"{where} is {type(m).__name__}")
+        role = m.get("role")
+        if not isinstance(role, str) or role not in CHAT_ROLES:
+            raise RecordError("unknown_role", f"{where} has role {role!r}")
+        role = CHAT_ROLES[role]
+        reasoning = next((m[k] for k in ("reasoning", "reasoning_content", "thinking") if m.get(k) is not None), None)
+        msg = _message(role, _text(m.get("content"), where), _text(reasoning, where + " reasoning"))
+        if role == "assistant":
+            calls = _chat_tool_calls(m.get("tool_calls"), where)
+            if isinstance(m.get("function_call"), dict):  # legacy single function call
+                fc = m["function_call"]
+                calls.append(_call(fc.get("name"), fc.get("arguments"), None, where))
+            msg["tool_calls"] = calls or None
+        elif m.get("tool_calls"):
+            raise RecordError("wrong_type", f"{where}: a {role} message carries tool_calls")
+        if role == "tool":
+            tcid = m.get("tool_call_id", m.get("id"))
+            if tcid is not None and not isinstance(tcid, str):
+                raise RecordError("wrong_type", f"{where}: tool_call_id is {type(tcid).__name__}")
+            msg["tool_call_id"] = tcid
+        out.append(msg)
+    return out
+
+
+def _record_reward(value: dict) -> Any:
+    # outcome_reward: our own trajectories table, re-ingested from Parquet
+    return next((value[k] for k in ("reward", "success", "score", "outcome_reward") if k in value), None)
+
+
+def _record_domain(value: dict) -> str | None:
+    meta = value.get("metadata") if isinstance(value.get("metadata"), dict) else {}
+    for d in (value.get("domain"), meta.get("domain"), value.get("domain_name")):
+        if isinstance(d, str) and d:
+            return d
+    return None
+
+
+def adapt_openai(value: dict, context: dict) -> dict:
+    """OpenAI chat completions record."""
+    key = next((k for k in ("messages", "traj", "conversation", "conversations") if k in value), "messages")
+    return {"messages": chat_messages(value.get(key)), "tools": value.get("tools"),
+            "reward": _record_reward(value), "domain": _record_domain(value)}
+
+
+def adapt_tau2(value: dict, context: dict) -> dict:
+    """One tau2-bench simulation; `context` is the results file minus its simulations."""
+    env = ((context.get("info") or {}).get("environment_info") or {}) if isinstance(context.get("info"), dict) else {}
+    messages = chat_messages(value.get("messages"))
+    policy = value.get("policy") or env.get("policy")
+    if isinstance(policy, str) and policy and not (messages and messages[0]["role"] == "system"):
+        messages.insert(0, _message("system", policy))
+    tools = next((t for t in (env.get("tool_defs"), env.get("tools"), value.get("tools")) if isinstance(t, list)), None)
+    reward_info = value.get("reward_info")
+    if reward_info is not None and not isinstance(reward_info, dict):
+        raise RecordError("wrong_type", f"reward_info is {type(reward_info).__name__}")
+    reward = (reward_info or {}).get("reward", value.get("reward"))
+    domain = env.get("domain_name") or _record_domain(value)
+    return {"messages": messages, "tools": tools, "reward": reward, "domain": domain}
+
+
+SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "chatgpt": "assistant", "bing": "assistant", "function_call": "call", "tool_call": "call",
+                  "observation": "tool", "tool": "tool", "function_response": "tool", "ipython": "tool"}
+
+
+def adapt_sharegpt(value: dict, context: dict) -> dict:
+    """ShareGPT `conversations` [{from, value}]; tool results answer the pending calls in order."""
+    conv = value.get("conversations")
+    if not isinstance(conv, list):
+        raise RecordError("wrong_type", f"conversations is {type(conv).__name__}")
+    messages = []
+    if isinstance(value.get("system"), str) and value["system"]:
+        messages.append(_message("system", value["system"]))
+    for i, turn in enumerate(conv):
+        where = f"conversation turn {i}"
+        if not isinstance(turn, dict):
+            raise RecordError("wrong_type", f"{where} is {type(turn).__name__}")
+        role = SHAREGPT_ROLES.get(turn.get("from")) if isinstance(turn.get("from"), str) else None
+        if role is None:
+            raise RecordError("unknown_role", f"{where} has from={turn.get('from')!r}")
+        text = _text(turn.get("value"), where)
+        if role == "call":
+            messages.append(_message("assistant", tool_calls=_sharegpt_calls(text, where)))
+        else:
+            messages.append(_message(role, text))
+    return {"messages": messages, "tools": value.get("tools"), "reward": _record_reward(value),
+            "domain": _record_domain(value)}
+
+
+def _sharegpt_calls(text: str | None, where: str) -> list[dict]:
+    try:
+        parsed = json.loads(text or "")
+    except json.JSONDecodeError as e:
+        raise RecordError("bad_arguments", f"{where}: function_call value is not JSON ({e.msg})") from None
+    items = parsed if isinstance(parsed, list) else [parsed]
+    if not all(isinstance(c, dict) for c in items):
+        raise RecordError("wrong_type", f"{where}: function_call value is not an object")
+    return [_call(c.get("name"), c.get("arguments", c.get("parameters")), c.get("id"), where) for c in items]
+
+
+RESPONSES_ASSISTANT_ITEMS = ("reasoning", "function_call")
+
+
+def adapt_responses(value: dict, context: dict) -> dict:
+    """OpenAI Responses / NeMo-Gym rollout or pivot row (see the module docstring for the merge rule)."""
+    rcp = value.get("responses_create_params")
+    if not isinstance(rcp, dict):
+        raise RecordError("wrong_type", f"responses_create_params is {type(rcp).__name__}")
+    messages: list[dict] = []
+    if isinstance(rcp.get("instructions"), str) and rcp["instructions"]:
+        messages.append(_message("system", rcp["instructions"]))
+    items = rcp.get("input")
+    if isinstance(items, str):
+        items = [{"type": "message", "role": "user", "content": items}]
+    _append_items(messages, items, "input")
+    reward = value.get("reward")
+    if "expected_action" in value:
+        messages.append(_expected_action_message(value["expected_action"]))
+        reward = None  # the row's reward (if any) scores a policy sample, not this trajectory
+    elif value.get("response") is not None:
+        response = value["response"]
+        if not isinstance(response, dict):
+            raise RecordError("wrong_type", f"response is {type(response).__name__}")
+        _append_items(messages, response.get("output"), "output")
+    elif not any(m["role"] == "assistant" for m in messages):
+        extra = " (it has ground_truth: a task, not a demonstration)" if "ground_truth" in value else ""
+        raise RecordError("no_assistant_turn", f"input-only row: no response and no expected_action{extra}")
+    return {"messages": messages, "tools": rcp.get("tools"), "reward": reward, "domain": _record_domain(value)}
+
+
+def _append_items(messages: list[dict], items: Any, where: str) -> None:
+    if items is None:
+        return
+    if not isinstance(items, list):
+        raise RecordError("wrong_type", f"{where} is {type(items).__name__}, expected a list")
+    open_call: dict | None = None  # the assistant message being assembled (one model call)
+    for i, item in enumerate(items):
+        w = f"{where} item {i}"
+        if not isinstance(item, dict):
+            raise RecordError("wrong_type", f"{w} is {type(item).__name__}")
+        kind = item.get("type") or ("message" if "role" in item else None)
+        role = item.get("role")
+        if kind in RESPONSES_ASSISTANT_ITEMS or (kind == "message" and role == "assistant"):
+            if open_call is None:
+                open_call = _message("assistant")
+                messages.append(open_call)
+            _merge_assistant_item(open_call, kind, item, w)
+            continue
+        open_call = None
+        if kind == "message":
+            if not isinstance(role, str) or CHAT_ROLES.get(role) not in ("system", "user"):
+                raise RecordError("unknown_role", f"{w} has role {role!r}")
+            messages.append(_message(CHAT_ROLES[role], _text(item.get("content"), w)))
+        elif kind == "function_call_output":
+            output = item.get("output")
+            text = output if isinstance(output, str) else (
+                _text(output, w) if isinstance(output, list) else canonical_json(output))
+            call_id = item.get("call_id")
+            if not isinstance(call_id, str):
+                raise RecordError("wrong_type", f"{w}: call_id is {type(call_id).__name__}")
+            messages.append(_message("tool", text, tool_call_id=call_id))
+        else:
+            raise RecordError("unknown_item_type", f"{w} has type {kind!r}")
+
+
+def _merge_assistant_item(msg: dict, kind: str, item: dict, where: str) -> None:
+    if kind == "reasoning":
+        text = _reasoning_text(item, where)
+        if text:
+            msg["reasoning"] = text if msg["reasoning"] is None else msg["reasoning"] + "\n" + text
+    elif kind == "function_call":
+        call = _call(item.get("name"), item.get("arguments"), item.get("call_id") or item.get("id"), where)
+        msg["tool_calls"] = (msg["tool_calls"] or []) + [call]
+    else:
+        text = _text(item.get("content"), where)
+        if text is not None:
+            msg["content"] = text if msg["content"] is None else msg["content"] + "\n" + text
+
+
+def _reasoning_text(item: dict, where: str) -> str:
+    """A reasoning item's text: its raw `content` parts when present (open models), else its `summary` parts."""
+    for key in ("content", "summary"):
+        parts = item.get(key)
+        if parts is None:
+            continue
+        if not isinstance(parts, list):
+            raise RecordError("wrong_type", f"{where}: reasoning {key} is {type(parts).__name__}")
+        texts = [p.get("text") for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        if texts:
+            return "\n".join(texts)
+    return ""
+
+
+def _expected_action_message(action: Any) -> dict:
+    """NeMo-Gym's expected_action (DESIGN.md action shape) -> the final assistant message."""
+    where = "expected_action"
+    if not isinstance(action, dict):
+        raise RecordError("wrong_type", f"{where} is {type(action).__name__}")
+    kind = action.get("type")
+    if kind == "message":
+        return _message("assistant", _text(action.get("content"), where))
+    if kind == "function_call":
+        return _message("assistant", tool_calls=[_call(action.get("name"), action.get("arguments"), None, where)])
+    if kind == "function_call_batch" and isinstance(action.get("calls"), list):
+        calls = [_call(c.get("name"), c.get("arguments"), None, f"{where} call {k}") if isinstance(c, dict)
+                 else _call(None, None, None, f"{where} call {k}") for k, c in enumerate(action["calls"])]
+        return _message("assistant", tool_calls=calls)
+    raise RecordError("wrong_type", f"{where} has type {kind!r}")
+
+
+# ---------------------------------------------------------------------------------------------- validation
+
+
+def validate_messages(messages: list[dict]) -> list[dict]:
+    """Fill missing call ids, match tool results to calls, and apply the record-level rules.
+
+    Raises RecordError: unknown_role, orphan_tool_result, empty_assistant_message, no_assistant_turn.
+    """
+    issued: set[str] = set()
+    pending: list[str] = []  # calls not yet answered, in order: a tool result without an id answers the oldest
+    n_assistant = 0
+    for i, m in enumerate(messages):
+        if m["role"] not in ROLES:
+            raise RecordError("unknown_role", f"message {i} has role {m['role']!r}")
+        if m["role"] == "assistant":
+            n_assistant += 1
+            for k, call in enumerate(m["tool_calls"] or []):
+                if not call["id"]:
+                    call["id"] = f"call_{i}_{k}"
+                issued.add(call["id"])
+                pending.append(call["id"])
+            if not m["tool_calls"] and not (m["content"] or "").strip():
+                raise RecordError("empty_assistant_message", f"message {i} has no text and no tool calls")
+        elif m["role"] == "tool":
+            tcid = m["tool_call_id"]
+            if tcid is None:
+                if not pending:
+                    raise RecordError("orphan_tool_result", f"message {i} is a tool result with no pending call")
+                m["tool_call_id"] = tcid = pending[0]
+            if tcid not in issued:
+                raise RecordError("orphan_tool_result", f"message {i} answers call {tcid!r}, which no assistant made")
+            if tcid in pending:
+                pending.remove(tcid)
+    if n_assistant == 0:
+        raise RecordError("no_assistant_turn", "record has no assistant message")
+    return messages
+
+
+def normalize_tools(tools: Any) -> list[dict]:
+    """Chat, flat (Responses) or bare function schemas -> [{"type": "function", "function": {...}}]."""
+    if tools is None:
+        return []
+    if isinstance(tools, str):
+        tools = _parse_json_text(tools) if tools.strip() else []
+    if not isinstance(tools, list):
+        raise RecordError("wrong_type", f"tools is {type(tools).__name__}, expected a list")
+    out = []
+    for k, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) and isinstance(t.get("function"), dict) else t
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise RecordError("wrong_type", f"tool {k} is not a function schema")
+        params = fn.get("parameters")
+        out.append({"type": "function", "function": {
+            "name": fn["name"], "description": fn.get("description") or "",
+            "parameters": params if isinstance(params, dict) else {"type": "object", "properties": {}}}})
+    return out
+
+
+def parse_reward(value: Any) -> float | None:
+    """bool -> 1.0/0.0, number -> float, None -> None; anything else is a wrong type."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return 1.0 if value else 0.0
+    if isinstance(value, (int, float)):
+        return float(value)
+    raise RecordError("wrong_type", f"reward is {type(value).__name__}")
+
+
+# ---------------------------------------------------------------------------------------------- tables
+
+
+def ingest_to_tables(inputs: Iterable[Any]) -> tuple[pa.Table, pa.Table, dict]:
+    """Convenience for small inputs and tests: (trajectories, quarantine, counts) held in memory."""
+    rows: dict[str, list] = {"trajectory": [], "quarantine": [], "duplicate": []}
+    for kind, row in iter_ingest(inputs):
+        rows[kind].append(row)
+    counts = {k: len(v) for k, v in rows.items()}
+    counts["read"] = sum(counts.values())
+    return (pa.Table.from_pylist(rows["trajectory"], schema=TRAJECTORY_SCHEMA),
+            pa.Table.from_pylist(rows["quarantine"], schema=QUARANTINE_SCHEMA), counts)
+
+
+__all__ = [
+    "MESSAGE_TYPE", "TRAJECTORY_SCHEMA", "QUARANTINE_SCHEMA", "MAX_RECORD_BYTES", "RAW_CAP", "FORMATS",
+    "RecordError", "Input", "iter_ingest", "ingest_record", "iter_raw_records", "expand_paths",
+    "detect_format", "adapt_record", "validate_messages", "normalize_tools", "parse_reward", "ingest_to_tables",
+]

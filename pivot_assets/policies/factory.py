@@ -1,0 +1,54 @@
+"""Builds the backend a `policy:` section names (transformers | vllm | openai); backends are imported lazily,
+so choosing one never imports another's heavy dependencies, and no backend imports this module back."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pydantic import ValidationError
+
+from pivot_assets.core.config import PolicySection
+from pivot_assets.core.hardware import resolve_dtype
+
+from .base import PolicyBackend
+
+BACKENDS = ("transformers", "vllm", "openai")
+
+
+def policy_section(policy: PolicySection | Mapping) -> PolicySection:
+    """A typed `policy:` section from the section itself or a plain mapping of its keys."""
+    if isinstance(policy, PolicySection):
+        return policy
+    try:
+        return PolicySection.model_validate(dict(policy))
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise ValueError(f"policy.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+
+
+def build_backend(policy: PolicySection | Mapping, *, model: str | None = None) -> PolicyBackend:
+    """The backend named by `policy.backend`, configured from the section.
+
+    `model` overrides `policy.model` (the resolved model dir of `policy.model: sft`). The dtype is
+    resolved here from `policy.dtype` for the backend's device (auto: bf16 only where native). Sampling
+    keys (k, temperature, ...) are not the backend's: pass SamplingConfig.from_policy(section) to `.generate`.
+    """
+    policy = policy_section(policy)
+    model = model or policy.model
+    if policy.backend == "transformers":
+        from .transformers_backend import TransformersBackend
+
+        return TransformersBackend(model=model, dtype=resolve_dtype(policy.dtype, policy.device).dtype,
+                                   batch_size=policy.batch_size, device=policy.device)
+    if policy.backend == "openai":
+        from .openai_backend import OpenAIBackend
+
+        if not policy.base_url:
+            raise ValueError("policy.backend openai needs policy.base_url (e.g. http://host:8000/v1)")
+        return OpenAIBackend(base_url=policy.base_url, model=model,
+                             api_key_env=policy.api_key_env or "OPENAI_API_KEY", concurrency=policy.concurrency)
+    if policy.backend == "vllm":
+        from .vllm_backend import VLLMBackend
+
+        return VLLMBackend(model=model, dtype=resolve_dtype(policy.dtype, "cuda").dtype)
+    raise ValueError(f"policy.backend {policy.backend!r}: expected one of {', '.join(BACKENDS)}")

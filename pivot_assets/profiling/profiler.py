@@ -1,0 +1,318 @@
+"""Profiling: K reference-policy samples per turn, scored by the verifier, aggregated per turn (Dagster-free).
+
+Keys and caching (nothing is computed twice):
+    rollouts         (turn_id, policy_fp, sampling_fp, sample_index)   generation cache
+    rollout_rewards  rollout key + verifier_fp                          scoring cache
+Both are incremental part-tables: each part holds all K samples of whole turns and is written atomically,
+so a turn is either fully present or absent, a kill -9 loses at most the part in flight, and a rerun
+only generates for turns with no rows under the current (policy_fp, sampling_fp). A verifier change
+re-scores from the cached completions and never regenerates a token.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+import duckdb
+import pyarrow as pa
+
+from pivot_assets.core.catalog import REWARDS_SCHEMA, ROLLOUTS_SCHEMA
+from pivot_assets.core.hardware import Precision, resolve_dtype
+from pivot_assets.core.ids import canonical_json, short_hash
+from pivot_assets.core.progress import Progress
+from pivot_assets.core.warehouse import Warehouse
+
+if TYPE_CHECKING:
+    from pivot_assets.core.config import PolicySection
+
+SCORE_CHUNK = 20_000
+
+
+# -- generation ------------------------------------------------------------------------------
+def select_turns(wh: Warehouse, limit_turns: int | None) -> list[str]:
+    """The turns to profile: all, or the first N by turn_id (a stable, content-derived order)."""
+    limit = f"limit {int(limit_turns)}" if limit_turns else ""
+    return [r[0] for r in duckdb.sql(f"select turn_id from read_parquet('{wh.table_path('turns')}') order by turn_id {limit}").fetchall()]
+
+
+def done_turns(wh: Warehouse, policy_fp: str, sampling_fp: str) -> set[str]:
+    if not wh.part_files("rollouts"):
+        return set()
+    rows = duckdb.execute(
+        f"select distinct turn_id from read_parquet('{wh.source_glob('rollouts')}') "
+        "where policy_fp = ? and sampling_fp = ?",
+        [policy_fp, sampling_fp],
+    ).fetchall()
+    return {r[0] for r in rows}
+
+
+def generation_requests(wh: Warehouse, turn_ids: Iterable[str]) -> list:
+    """GenerationRequests (state rebuilt from trajectories.messages[:message_index]) in trajectory order,
+    so a trajectory's turns sit together and the backend can reuse their shared prefix."""
+    from pivot_assets.policies.base import GenerationRequest
+
+    con = duckdb.connect()
+    _with_wanted(con, turn_ids)
+    rows = con.execute(
+        f"""
+        select u.turn_id, u.trajectory_id, u.message_index, t.messages, t.tools
+        from read_parquet('{wh.table_path('turns')}') u
+        join wanted using (turn_id)
+        join read_parquet('{wh.table_path('trajectories')}') t using (trajectory_id)
+        order by u.trajectory_id, u.message_index
+        """
+    ).fetchall()
+    con.close()
+    return [
+        GenerationRequest(
+            turn_id=tid,
+            trajectory_id=trid,
+            message_index=idx,
+            messages=list(messages[:idx]),
+            tools=json.loads(tools or "[]"),
+        )
+        for tid, trid, idx, messages, tools in rows
+    ]
+
+
+def generate_rollouts(
+    wh: Warehouse, backend, policy_fp: str, sampling, requests: list, progress: Progress | None = None
+) -> dict:
+    """Generate K samples for each request; one atomic Parquet part per batch the backend yields.
+
+    Rows are keyed by the caller's `policy_fp` (the same one `done_turns` looks up, so resume works)."""
+    traj_of = {r.turn_id: r.trajectory_id for r in requests}
+    n_rows = n_tokens = 0
+    t0 = time.perf_counter()
+    for batch in backend.generate(requests, sampling):
+        if not batch:
+            continue
+        part = pa.Table.from_pylist(
+            [
+                {
+                    "turn_id": s.turn_id,
+                    "trajectory_id": traj_of[s.turn_id],
+                    "policy_fp": policy_fp,
+                    "sampling_fp": sampling.fingerprint,
+                    "sample_index": s.sample_index,
+                    "completion": s.completion,
+                    "n_prompt_tokens": s.n_prompt_tokens,
+                    "n_completion_tokens": s.n_completion_tokens,
+                    "finish_reason": s.finish_reason,
+                }
+                for s in batch
+            ],
+            schema=ROLLOUTS_SCHEMA,
+        )
+        wh.append_part("rollouts", part)
+        n_rows += len(batch)
+        n_tokens += sum(s.n_completion_tokens for s in batch)
+        if progress:
+            progress.update(len(batch))
+    wall = time.perf_counter() - t0
+    return {"rollouts_generated": n_rows, "generated_tokens": n_tokens, "generation_s": round(wall, 2),
+            "tokens_per_s": round(n_tokens / wall, 1) if wall > 0 else 0.0}
+
+
+# -- scoring ---------------------------------------------------------------------------------
+def unscored_rollouts_sql(wh: Warehouse) -> str:
+    scored = (
+        f"""and not exists (select 1 from read_parquet('{wh.source_glob('rollout_rewards')}') s
+              where s.turn_id = r.turn_id and s.policy_fp = r.policy_fp and s.sampling_fp = r.sampling_fp
+                and s.sample_index = r.sample_index and s.verifier_fp = $verifier_fp)"""
+        if wh.part_files("rollout_rewards")
+        else ""
+    )
+    return f"""
+        select r.turn_id, r.sample_index, r.completion, u.domain, u.expert_action, u.message_index,
+               t.tools, t.messages
+        from read_parquet('{wh.source_glob('rollouts')}') r
+        join wanted using (turn_id)
+        join read_parquet('{wh.table_path('turns')}') u using (turn_id)
+        join read_parquet('{wh.table_path('trajectories')}') t on t.trajectory_id = u.trajectory_id
+        where r.policy_fp = $policy_fp and r.sampling_fp = $sampling_fp {scored}
+        order by r.turn_id, r.sample_index
+    """
+
+
+def _with_wanted(con: duckdb.DuckDBPyConnection, turn_ids: Iterable[str]) -> None:
+    """Register the turns being profiled (all, or the first limit_turns) as the table `wanted`."""
+    con.register("wanted", pa.table({"turn_id": pa.array(sorted(set(turn_ids)), pa.string())}))
+
+
+def score_rollouts(
+    wh: Warehouse, verifiers, policy_fp: str, sampling_fp: str, turn_ids: Iterable[str], progress_log=None
+) -> dict:
+    """Score every current rollout of the wanted turns not yet scored under this verifier fingerprint."""
+    from pivot_assets.verifiers import parse_candidate
+
+    verifier_fp = verifiers.fingerprint
+    con = duckdb.connect()
+    _with_wanted(con, turn_ids)
+    params = {"policy_fp": policy_fp, "sampling_fp": sampling_fp}
+    if wh.part_files("rollout_rewards"):
+        params["verifier_fp"] = verifier_fp
+    cur = con.execute(unscored_rollouts_sql(wh), params)
+    n = 0
+    reasons: dict[str, int] = {}
+    t0 = time.perf_counter()
+    while rows := cur.fetchmany(SCORE_CHUNK):
+        items = [
+            {
+                "domain": domain,
+                "expected_action": expert,
+                "candidate": completion,
+                "tools": tools,
+                "state": list(messages[:idx]),
+            }
+            for _, _, completion, domain, expert, idx, tools, messages in rows
+        ]
+        scores = verifiers.score_rows(items)
+        out = []
+        for (tid, si, completion, domain, *_), sc in zip(rows, scores):
+            action, _err = parse_candidate(completion)
+            out.append(
+                {
+                    "turn_id": tid, "policy_fp": policy_fp, "sampling_fp": sampling_fp, "sample_index": si,
+                    "verifier_fp": verifier_fp, "domain": domain, "reward": float(sc.reward), "reason": sc.reason,
+                    "detail": sc.detail, "action": canonical_json(action) if action is not None else None,
+                }
+            )
+            reasons[sc.reason] = reasons.get(sc.reason, 0) + 1
+        wh.append_part("rollout_rewards", pa.Table.from_pylist(out, schema=REWARDS_SCHEMA))
+        n += len(out)
+        if progress_log:
+            progress_log(f"scored {n} rollouts")
+    con.close()
+    wall = time.perf_counter() - t0
+    return {"rollouts_scored": n, "scoring_s": round(wall, 2), "reasons": reasons,
+            "scores_per_s": round(n / wall) if wall > 0 and n else 0}
+
+
+# -- per-turn profiles -----------------------------------------------------------------------
+def profiles_sql(wh: Warehouse) -> str:
+    """One row per turn under (policy_fp, sampling_fp, verifier_fp); population variance (ddof=0),
+    so for binary rewards reward_var = mean * (1 - mean)."""
+    return f"""
+        select s.turn_id, u.trajectory_id, u.domain, s.policy_fp, s.sampling_fp, s.verifier_fp,
+               count(*)::int as k,
+               avg(s.reward) as reward_mean,
+               var_pop(s.reward) as reward_var,
+               stddev_pop(s.reward) as reward_std,
+               count(*) filter (where s.reward >= 1.0)::int as n_pass,
+               count(distinct coalesce(s.action, '<unparsed>'))::int as n_distinct_actions
+        from read_parquet('{wh.source_glob('rollout_rewards')}') s
+        join wanted using (turn_id)
+        join read_parquet('{wh.table_path('turns')}') u using (turn_id)
+        where s.policy_fp = $policy_fp and s.sampling_fp = $sampling_fp and s.verifier_fp = $verifier_fp
+        group by all
+        order by s.turn_id
+    """
+
+
+def build_profiles(wh: Warehouse, policy_fp: str, sampling_fp: str, verifier_fp: str, turn_ids: Iterable[str]) -> pa.Table:
+    con = duckdb.connect()
+    _with_wanted(con, turn_ids)
+    table = con.execute(
+        profiles_sql(wh), {"policy_fp": policy_fp, "sampling_fp": sampling_fp, "verifier_fp": verifier_fp}
+    ).fetch_arrow_table()
+    con.close()
+    return table
+
+
+# -- the stage, as the three assets call it ----------------------------------------------------
+SFT_MODEL = "sft"  # `policy.model: sft`: the warm-up model the sft_policy asset saved in the warehouse
+# What changes the samples (the code version of `rollouts`); speed knobs (batch_size, concurrency) are not in it.
+POLICY_IDENTITY = ("backend", "model", "base_url", "device", "k", "temperature", "top_p", "max_new_tokens", "seed",
+                   "limit_turns")
+
+
+def policy_model(policy: "PolicySection", wh: Warehouse) -> str:
+    return str(wh.model_dir("sft_policy")) if policy.model == SFT_MODEL else policy.model
+
+
+def policy_precision(policy: "PolicySection") -> Precision:
+    """The dtype profiling samples in (a server decides its own: reported as such)."""
+    if policy.backend == "openai":
+        return Precision("server", policy.dtype, "server", "the server chooses its dtype")
+    return resolve_dtype(policy.dtype, "cuda" if policy.backend == "vllm" else policy.device)
+
+
+def policy_version(policy: "PolicySection") -> str:
+    """Code version of `rollouts`: the policy identity with the *resolved* dtype (bf16 and fp32 sample
+    slightly different tokens, so moving to a CPU without bf16 must regenerate)."""
+    identity = {k: v for k, v in policy.model_dump().items() if k in POLICY_IDENTITY}
+    return short_hash(canonical_json({**identity, "dtype": policy_precision(policy).dtype}))
+
+
+class Profiler:
+    """rollouts -> rollout_rewards -> turn_profiles for one configured policy and verifier set.
+
+    The fingerprints and the turns to profile are computed once per instance; the Dagster assets each
+    make one call: generate(), score(), profile().
+    """
+
+    def __init__(self, wh: Warehouse, policy: "PolicySection", verifiers, threads: int | str = "auto"):
+        self.wh, self.policy, self.verifiers, self.threads = wh, policy, verifiers, threads
+        self.precision = policy_precision(policy)
+
+    @cached_property
+    def sampling(self):
+        from pivot_assets.policies.base import SamplingConfig
+
+        return SamplingConfig.from_policy(self.policy)
+
+    @cached_property
+    def policy_fp(self) -> str:
+        """Fingerprint of the configured reference policy, without loading it."""
+        from pivot_assets.policies.models import policy_fingerprint
+
+        if self.policy.backend == "openai":
+            return f"openai|{self.policy.base_url}|{self.policy.model}"
+        model = policy_model(self.policy, self.wh)
+        return f"{policy_fingerprint(model)}|{self.policy.backend}:{self.precision.dtype}"
+
+    @cached_property
+    def turns(self) -> list[str]:
+        return select_turns(self.wh, self.policy.limit_turns)
+
+    def generate(self, log: Callable[[str], None] | None = None) -> dict:
+        """K samples for every wanted turn not yet sampled under (policy_fp, sampling_fp)."""
+        self.wh.clean_temp_files("rollouts")
+        done = done_turns(self.wh, self.policy_fp, self.sampling.fingerprint)
+        pending = [t for t in self.turns if t not in done]
+        if log:
+            log(f"{len(self.turns)} turns wanted, {len(self.turns) - len(pending)} cached, {len(pending)} to generate"
+                f" ({self.policy.backend}, {self.precision.dtype}: {self.precision.reason})")
+        stats: dict = {"turns_profiled": len(self.turns), "turns_generated": len(pending),
+                       "cache_hits_turns": len(self.turns) - len(pending), "samples_per_turn": self.sampling.k,
+                       "policy_fp": self.policy_fp, "sampling_fp": self.sampling.fingerprint,
+                       **self.precision.as_metadata()}
+        if pending:
+            from pivot_assets.core.hardware import configure_torch
+            from pivot_assets.policies.factory import build_backend
+
+            if self.policy.backend == "transformers":
+                configure_torch(self.threads)
+            backend = build_backend(self.policy, model=policy_model(self.policy, self.wh))
+            progress = Progress(total=len(pending) * self.sampling.k, log=log)
+            stats.update(generate_rollouts(self.wh, backend, self.policy_fp, self.sampling,
+                                           generation_requests(self.wh, pending), progress))
+            stats.update({k: v for k, v in backend.stats.items() if isinstance(v, (int, float))})
+        return stats
+
+    def score(self, log: Callable[[str], None] | None = None) -> dict:
+        """Score every current rollout of the wanted turns not yet scored under this verifier set."""
+        self.wh.clean_temp_files("rollout_rewards")
+        stats = score_rollouts(self.wh, self.verifiers, self.policy_fp, self.sampling.fingerprint, self.turns,
+                               progress_log=log)
+        return {"verifier_fp": self.verifiers.fingerprint, **stats}
+
+    def profile(self) -> pa.Table:
+        """One row per wanted turn under (policy_fp, sampling_fp, verifier_fp)."""
+        return build_profiles(self.wh, self.policy_fp, self.sampling.fingerprint, self.verifiers.fingerprint,
+                              self.turns)

@@ -1,0 +1,348 @@
+"""Local GRPO on a pivot set (issue 6): TRL's GRPOTrainer rewarded by the local verifier (Dagster-free).
+
+Each pivot is one prompt (its state + tools); GRPO samples `num_generations` single-turn completions
+per prompt, the verifier of the pivot's domain scores each against the expert action, and no
+environment is ever stepped.
+
+Prompts are handed to TRL as *text*, rendered by `policies.models.render_prompt` exactly as profiling
+rendered them. Why not conversational prompts: TRL 1.16 renders a conversational batch with one
+trainer-wide `tools=` list of Python callables, so each pivot's own JSON tool schemas would never
+reach the prompt. Pre-rendering keeps the GRPO prompt byte-identical to the profiled one; the
+completions TRL passes to the reward are then plain strings (conversational ones are accepted too).
+
+CPU smoke config (what `make demo` and the tests use; a few minutes on 2 cores)::
+
+    training: {steps: 4, num_generations: 4, max_completion_length: 48, learning_rate: 1.0e-6}
+    run_grpo(..., cpu_smoke=True)   # use_cpu, caps: steps<=8, k<=4, completion<=48; bf16 autocast only
+                                    # where training.dtype resolves to bfloat16 (core/hardware.py)
+
+GPU config (one GPU; vLLM generates, the trainer trains; `pip install -e .[gpu]`)::
+
+    training:
+      steps: 200
+      num_generations: 8
+      learning_rate: 1.0e-6
+      max_completion_length: 256
+      dtype: auto                      # bf16 on a GPU that has it
+      grpo:
+        use_vllm: true
+        vllm_mode: colocate            # vLLM shares the training GPU; sleep mode frees it during backprop
+        vllm_gpu_memory_utilization: 0.3
+        vllm_enable_sleep_mode: true
+        per_device_train_batch_size: 16   # 2 prompts x 8 generations per optimizer step
+        gradient_accumulation_steps: 4
+        beta: 0.0                      # TRL default; set > 0 to add (and log) a KL term
+    # server mode: start `trl vllm-serve --model <model_dir>` on other GPUs, then
+    #   grpo: {use_vllm: true, vllm_mode: server, vllm_server_base_url: "http://host:8000"}
+
+Anything GRPOConfig accepts may go under `training.grpo`; an unknown key is a one-line ValueError.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from pivot_assets.core.hardware import Precision, resolve_dtype
+from pivot_assets.core.hardware import configure_torch
+from pivot_assets.core.shapes import as_canonical_messages
+
+if TYPE_CHECKING:
+    from pivot_assets.core.config import TrainingSection
+
+log = logging.getLogger(__name__)
+
+# Bounds applied when run_grpo(cpu_smoke=True): the smoke run must finish in minutes on 2 cores.
+CPU_SMOKE_CAPS = {"steps": 8, "num_generations": 4, "max_completion_length": 48}
+
+
+
+@dataclass
+class GRPOResult:
+    model_dir: str
+    steps: list[dict]  # one row per optimizer step (see _step_rows)
+    completions_log: list[dict]  # every completion the trainer scored: step, turn_id, completion, reward, reason
+    verifier_fingerprints: dict[str, str]  # domain -> verifier fingerprint used for the rewards
+    n_train_prompts: int
+    held_out_trajectories: list[str]
+    grpo_config: dict  # the GRPOConfig keyword arguments actually used
+
+
+# -- the reward -----------------------------------------------------------------------------------
+
+
+def _completion_text(completion: Any) -> str:
+    """TRL passes a string (text prompts) or [{"role": "assistant", "content": str}] (conversational)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list) and completion and isinstance(completion[0], dict):
+        return completion[0].get("content") or ""
+    raise ValueError(f"unexpected completion shape: {type(completion).__name__}")
+
+
+def _json_value(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def make_verifier_reward(domain_verifiers):
+    """A TRL reward function scoring each completion with its pivot's domain verifier.
+
+    The returned function has TRL's signature
+    `reward(prompts, completions, completion_ids=None, expert_action=None, tools=None, domain=None, **kw)`
+    (every dataset column arrives as a per-completion list) and returns one float in [0, 1] per
+    completion. It appends {step, turn_id, completion, reward, reason} for every completion to
+    `reward.completions_log` (a list the caller persists), so the rewards the trainer saw can be
+    recomputed from the log.
+    """
+    completions_log: list[dict] = []
+
+    def verifier_reward(prompts, completions, completion_ids=None, expert_action=None, tools=None,
+                        domain=None, **kw) -> list[float]:
+        if expert_action is None:
+            raise ValueError("verifier reward: the dataset has no expert_action column")
+        n = len(completions)
+        domains = domain if domain is not None else [None] * n
+        tool_lists = tools if tools is not None else [None] * n
+        turn_ids = kw.get("turn_id") or [None] * n
+        states = kw.get("state") or [None] * n
+        trainer_state = kw.get("trainer_state")
+        step = trainer_state.global_step + 1 if trainer_state is not None else None  # the step these rewards train
+        rewards = []
+        for i, completion in enumerate(completions):
+            text = _completion_text(completion)
+            verifier = domain_verifiers.for_domain(domains[i])
+            state = _json_value(states[i])  # the pivot's messages, for verifiers that read context (judge)
+            score = verifier.score(expert_action[i], text, tools=tool_lists[i], state=state)
+            rewards.append(float(score.reward))
+            completions_log.append({"step": step, "turn_id": turn_ids[i], "domain": domains[i],
+                                    "completion": text, "reward": float(score.reward), "reason": score.reason})
+        return rewards
+
+    verifier_reward.completions_log = completions_log
+    return verifier_reward
+
+
+# -- GRPOConfig -----------------------------------------------------------------------------------
+
+
+def _grpo_config_kwargs(options: "TrainingSection", output_dir: str, *, cpu_smoke: bool,
+                        precision: Precision) -> dict:
+    """GRPOConfig keyword arguments from the `training:` section, the smoke caps, the precision and the passthrough."""
+    import torch
+    from trl import GRPOConfig
+
+    steps, k, length = options.steps, options.num_generations, options.max_completion_length
+    if cpu_smoke:
+        steps = min(steps, CPU_SMOKE_CAPS["steps"])
+        k = min(k, CPU_SMOKE_CAPS["num_generations"])
+        length = min(length, CPU_SMOKE_CAPS["max_completion_length"])
+        if (steps, k, length) != (options.steps, options.num_generations, options.max_completion_length):
+            log.warning("GRPO cpu_smoke caps applied: steps %d, num_generations %d, max_completion_length %d",
+                        steps, k, length)
+    on_gpu = torch.cuda.is_available() and not cpu_smoke
+    kwargs = {
+        "output_dir": output_dir,
+        "max_steps": steps,
+        "num_generations": k,
+        "per_device_train_batch_size": k,  # one prompt group per optimizer step by default
+        "learning_rate": options.learning_rate,
+        "max_completion_length": length,
+        "logging_steps": 1,
+        "report_to": "none",
+        "save_strategy": "no",  # the final model is saved by run_grpo, atomically
+        "use_cpu": not on_gpu,
+        "bf16": precision.bf16,  # resolved from training.dtype: never bf16 on a CPU that lacks it
+        "seed": options.seed,
+        "disable_tqdm": True,
+    }
+    public = {"max_steps": "steps", "num_generations": "num_generations", "learning_rate": "learning_rate",
+              "max_completion_length": "max_completion_length"}
+    known = {f.name for f in dataclasses.fields(GRPOConfig)}
+    for key, value in (options.grpo or {}).items():
+        if key not in known:
+            raise ValueError(f"training.grpo: unknown GRPOConfig key {key!r}")
+        if key in public and value != kwargs[key]:
+            raise ValueError(f"training.grpo.{key} duplicates training.{public[key]}; set it there")
+        kwargs[key] = value
+    return kwargs
+
+
+# -- the dataset ----------------------------------------------------------------------------------
+
+_REWARD_COLUMNS = ("expert_action", "tools", "domain", "turn_id", "trajectory_id", "state")
+
+
+def _text_prompt_dataset(train_dataset, tokenizer, held_out: set[str]):
+    """Rows of the pivot export, held-out trajectories removed, with `prompt` rendered to text."""
+    from datasets import Dataset
+
+    from pivot_assets.policies.models import render_prompt
+
+    missing = [c for c in ("prompt", "expert_action", "trajectory_id") if c not in train_dataset.column_names]
+    if missing:
+        raise ValueError(f"GRPO dataset lacks column(s) {missing}")
+    rows = {c: [] for c in ("prompt", *_REWARD_COLUMNS)}
+    for row in train_dataset:
+        if row["trajectory_id"] in held_out:
+            continue
+        tools = _json_value(row.get("tools")) or None
+        messages = as_canonical_messages(row["prompt"])
+        rows["prompt"].append(render_prompt(tokenizer, messages, tools))
+        for c in _REWARD_COLUMNS:
+            value = messages if c == "state" else row.get(c)
+            rows[c].append(value if isinstance(value, str) or value is None else json.dumps(value))
+    if not rows["prompt"]:
+        raise ValueError("GRPO dataset is empty after removing held-out trajectories")
+    probe = "<|im_start|>user\nhi"
+    if tokenizer(probe)["input_ids"] != tokenizer(probe, add_special_tokens=False)["input_ids"]:
+        # TRL tokenizes text prompts with add_special_tokens=True; profiling renders without them
+        log.warning("this tokenizer adds special tokens (e.g. BOS) to text: GRPO prompt tokens differ from profiling's")
+    return Dataset.from_dict(rows)
+
+
+# -- the run --------------------------------------------------------------------------------------
+
+_STEP_KEYS = {  # grpo_steps column -> TRL log_history key
+    "reward_mean": "reward",
+    "reward_std": "reward_std",
+    "frac_reward_zero_std": "frac_reward_zero_std",
+    "loss": "loss",
+    "kl": "kl",  # TRL logs KL only when beta > 0; None otherwise
+    "entropy": "entropy",
+    "grad_norm": "grad_norm",
+    "learning_rate": "learning_rate",
+    "completion_mean_length": "completions/mean_length",
+    "completion_clipped_ratio": "completions/clipped_ratio",
+}
+
+
+def _step_rows(log_history: list[dict]) -> list[dict]:
+    rows = []
+    for entry in log_history:
+        if "reward" not in entry or "step" not in entry:
+            continue  # the final train_runtime summary, eval logs
+        row = {"step": int(entry["step"])}
+        row.update({col: entry.get(key) for col, key in _STEP_KEYS.items()})
+        rows.append(row)
+    return rows
+
+
+class _StepTimer:
+    """A TrainerCallback (duck-typed base set in run_grpo): wall seconds per optimizer step, and each
+    step's metrics (a grpo_steps row) handed to `on_step` as TRL logs them, for progress lines."""
+
+    def __init__(self, on_step: Callable[[dict], None] | None = None):
+        self.seconds: dict[int, float] = {}
+        self.on_step = on_step
+        self._t0 = time.perf_counter()
+
+    def on_train_begin(self, args, state, control, **kw):
+        self._t0 = time.perf_counter()  # not the trainer's setup time
+
+    def on_step_end(self, args, state, control, **kw):
+        now = time.perf_counter()
+        self.seconds[state.global_step] = now - self._t0
+        self._t0 = now
+
+    def on_log(self, args, state, control, logs=None, **kw):
+        rows = _step_rows([{**(logs or {}), "step": state.global_step}])
+        if rows and self.on_step is not None:
+            self.on_step({**rows[0], "seconds": self.seconds.get(state.global_step), "max_steps": state.max_steps})
+
+
+def run_grpo(model_dir: str, train_dataset, domain_verifiers, options: "TrainingSection",
+             out_dir: str | os.PathLike, *, cpu_smoke: bool, precision: Precision,
+             on_step: Callable[[dict], None] | None = None, threads: int | str = "auto") -> GRPOResult:
+    """Train with TRL's GRPOTrainer on the pivot export; save the final model (HF dir) to out_dir.
+
+    `train_dataset` is the pivot HF export (columns prompt, tools, expert_action, turn_id,
+    trajectory_id, domain, ...); rows of held-out trajectories (split_by_trajectory with
+    options.eval_fraction) are removed here, so callers may pass the whole export.
+    """
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from pivot_assets.policies.models import load_model
+
+    from .sft import save_model_atomic
+    from .split import split_by_trajectory
+
+    held_out = split_by_trajectory(train_dataset["trajectory_id"], options.eval_fraction, options.seed)
+    configure_torch(threads)
+    model, tokenizer = load_model(model_dir, dtype="float32", device="cpu")
+    dataset = _text_prompt_dataset(train_dataset, tokenizer, held_out)
+    out = Path(out_dir)
+    work_dir = out.parent / f".{out.name}.trainer-{os.getpid()}"
+    kwargs = _grpo_config_kwargs(options, str(work_dir), cpu_smoke=cpu_smoke, precision=precision)
+    reward = make_verifier_reward(domain_verifiers)
+    timer = type("StepTimer", (_StepTimer, TrainerCallback), {})(on_step)
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=GRPOConfig(**kwargs),
+                          train_dataset=dataset, processing_class=tokenizer, callbacks=[timer])
+    try:
+        trainer.train()
+        save_model_atomic(trainer.model, tokenizer, out)
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    steps = _step_rows(trainer.state.log_history)
+    for row in steps:
+        row["seconds"] = timer.seconds.get(row["step"])
+    fingerprints = {str(d): domain_verifiers.for_domain(d).fingerprint for d in sorted(set(dataset["domain"]), key=str)}
+    return GRPOResult(model_dir=str(out), steps=steps, completions_log=reward.completions_log,
+                      verifier_fingerprints=fingerprints, n_train_prompts=len(dataset),
+                      held_out_trajectories=sorted(held_out), grpo_config=kwargs)
+
+
+# -- the grpo_run stage ---------------------------------------------------------------------------
+
+
+def run_local_grpo(wh: "Warehouse", cfg: "PivotConfig", verifiers, log: Callable[[str], None]) -> dict:
+    """The grpo_run stage: GRPO on the exported training pivot set from `training.init`, unless a model with the
+    same key is already there. Writes grpo_steps and grpo_completions, then the completion marker.
+
+    Returns {skipped, key, model_dir, precision, train_s?, train_prompts?, verifier_fingerprints?, grpo_config?}.
+    """
+    import datasets
+    import pyarrow as pa
+
+    from pivot_assets.core.catalog import SET_TABLES
+    from pivot_assets.core.progress import Progress
+
+    from .runs import GRPO_DIR, grpo_key, has_cuda, init_model, is_done, write_marker
+
+    out, key = wh.model_dir(GRPO_DIR), grpo_key(wh, cfg, verifiers.fingerprint)
+    precision = resolve_dtype(cfg.training.dtype, "cuda" if has_cuda() else "cpu")
+    result = {"key": key, "model_dir": str(out), "precision": precision}
+    if is_done(out, key) and wh.exists("grpo_steps"):
+        log(f"grpo_run is up to date ({key}): not retraining")
+        return {**result, "skipped": True}
+    table = SET_TABLES[cfg.training.set]
+    dataset = datasets.load_from_disk(str(wh.root / "exports" / f"{table}_hf"))
+    if len(dataset) == 0:
+        raise ValueError(f"grpo_run: the {table} pivot set is empty: nothing to train on "
+                         f"(see `pivot sql pivot_funnel`; raise pivots.lambda_diff or profile more turns)")
+    cpu_smoke = not has_cuda()
+    steps = min(cfg.training.steps, CPU_SMOKE_CAPS["steps"]) if cpu_smoke else cfg.training.steps
+    log(f"grpo_run: {len(dataset)} pivots of {table}, {steps} steps, {precision.dtype} ({precision.reason})")
+    progress = Progress(total=steps, unit="grpo steps", log=log, every_s=0)
+
+    def on_step(row: dict) -> None:
+        metrics = ", ".join(f"{k} {row[k]:.4g}" for k in ("reward_mean", "reward_std", "loss") if row.get(k) is not None)
+        progress.update(1, metrics)
+
+    t0 = time.perf_counter()
+    run = run_grpo(init_model(wh, cfg), dataset, verifiers, cfg.training, out, cpu_smoke=cpu_smoke,
+                   precision=precision, on_step=on_step, threads=cfg.runtime.threads)
+    wh.write_table("grpo_steps", pa.Table.from_pylist([{**r, "run_key": key} for r in run.steps]))
+    wh.write_table("grpo_completions", pa.Table.from_pylist(
+        [{**{k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in r.items()}, "run_key": key}
+         for r in run.completions_log]))
+    write_marker(out, key)
+    return {**result, "skipped": False, "train_s": time.perf_counter() - t0, "train_prompts": run.n_train_prompts,
+            "verifier_fingerprints": run.verifier_fingerprints, "grpo_config": run.grpo_config}

@@ -1,0 +1,98 @@
+"""pivot_eval's measurements: the OOD probe set and scorer, local accuracy on held-out pivots."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from pivot_assets.training.evaluation import local_accuracy
+from pivot_assets.training.ood_probe import CATEGORY_MATCH, is_correct, ood_accuracy, ood_probe_items
+from pivot_assets.verifiers import DomainVerifiers
+
+
+def test_probe_set_is_fixed_and_well_formed():
+    items = ood_probe_items()
+    assert items == ood_probe_items()
+    assert 35 <= len(items) <= 60
+    assert len({it["prompt"] for it in items}) == len(items)
+    assert {it["kind"] for it in items} <= set(CATEGORY_MATCH)
+    for it in items:
+        if CATEGORY_MATCH[it["kind"]] == "number":
+            # the number rule skips numbers echoed from the prompt: an answer among them could never match
+            assert it["answer"] not in re.findall(r"\d+", it["prompt"]), it
+
+
+def _item(kind: str, answer: str, prompt: str = "Q?") -> dict:
+    return {"prompt": prompt, "answer": answer, "kind": kind}
+
+
+@pytest.mark.parametrize("item, completion, expected", [
+    (_item("arithmetic", "15", "What is 7 plus 8?"), "7 + 8 = 15", True),
+    (_item("arithmetic", "17", "What is 12 plus 5?"), "12 + 5 = 6.", False),
+    (_item("arithmetic", "7", "What is 10 minus 3?"), "10 minus 3 is 2.", False),
+    (_item("arithmetic", "30", "What is 5 times 6?"), "To solve this, we convert 5 times 6 to", False),
+    (_item("fact_number", "4"), "A dog has four legs.", True),
+    (_item("fact_number", "8"), "A spider has 8 legs, not 6.", True),
+    (_item("fact_number", "149000"), "about 149,000 km", True),
+    (_item("count", "3", "How many letters are in 'cat'?"), "The word 'cat' has 11 letters.", False),
+    (_item("letter", "c"), "The first letter of the word 'cat' is 'C'.", True),
+    (_item("letter", "g"), "The last letter of the word 'dog' is 'd'.", False),
+    (_item("letter", "t"), "t", True),
+    (_item("uppercase", "CAT"), 'The word in uppercase is "CAT".', True),
+    (_item("uppercase", "CAT"), 'The uppercase version of "cat" is "Cat".', False),
+    (_item("reverse", "tac"), "Reversed: Tac", True),
+    (_item("reverse", "tac"), "The letters of 'cat' are 'cat'.", False),
+    (_item("compose", "sunflower"), "Sunflower", True),
+    (_item("fact", "Paris"), "The capital of France is Paris.", True),
+    (_item("fact", "Paris"), "Parisian cafes are nice.", False),
+    (_item("fact", "carbon dioxide"), "Plants absorb Carbon Dioxide.", True),
+])
+def test_lenient_matching_on_handmade_answers(item, completion, expected):
+    assert is_correct(item, completion) is expected
+
+
+def test_unknown_kind_is_a_clear_error():
+    with pytest.raises(ValueError, match="kind 'poetry'"):
+        is_correct(_item("poetry", "x"), "x")
+
+
+@pytest.mark.slow
+def test_ood_accuracy_runs_greedy_and_reports_details(embedded_model_dir):
+    items = [it for it in ood_probe_items() if it["kind"] == "fact"][:3]
+    details: list = []
+    acc = ood_accuracy(str(embedded_model_dir), items, max_new_tokens=12, details=details)
+    assert 0.0 <= acc <= 1.0 and len(details) == 3
+    assert acc == sum(d["correct"] for d in details) / 3
+    assert all(d["correct"] == is_correct(d, d["completion"]) for d in details)
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_order", "description": "Look up an order by id",
+    "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}}}]
+
+
+def _pivot(i: int, order_id: str) -> dict:
+    action = {"type": "function_call", "name": "get_order", "arguments": json.dumps({"order_id": order_id})}
+    return {"turn_id": f"turn-{i}", "trajectory_id": f"traj-{i}", "domain": "shop", "expert_action": json.dumps(action),
+            "tools": TOOLS, "messages": [{"role": "system", "content": "You are a shop assistant."},
+                                         {"role": "user", "content": f"Where is my order {order_id}?"}]}
+
+
+@pytest.mark.slow
+def test_local_accuracy_on_two_pivots(embedded_model_dir):
+    pivots = [_pivot(0, "A1"), _pivot(1, "B2")]
+    out = local_accuracy(str(embedded_model_dir), pivots, DomainVerifiers(None), k=2, max_new_tokens=24, seed=0)
+    assert out["n_pivots"] == 2 and out["k"] == 2
+    assert 0.0 <= out["local_accuracy"] <= 1.0
+    assert [t["turn_id"] for t in out["per_turn"]] == ["turn-0", "turn-1"]
+    for t in out["per_turn"]:
+        assert len(t["rewards"]) == 2 and all(0.0 <= r <= 1.0 for r in t["rewards"])
+        assert t["reward_mean"] == sum(t["rewards"]) / 2
+    assert out["local_accuracy"] == sum(t["reward_mean"] for t in out["per_turn"]) / 2
+
+
+def test_local_accuracy_without_pivots_is_none():
+    out = local_accuracy("embedded", [], DomainVerifiers(None), k=4)
+    assert out == {"n_pivots": 0, "k": 4, "local_accuracy": None, "per_turn": []}
