@@ -1,4 +1,12 @@
-"""Verifier throughput on pairs drawn from REAL tool calls in ../shared/data (one core, single process).
+"""Verifier precision/recall on near misses and throughput, all built from REAL data in ../shared/data.
+
+Part 1, near misses (`--only near-misses`): real texts copied either on the surface only (positives: should
+score 1) or with exactly one fact changed (negatives: should score 0). See near_misses() for the sources and
+the edits; the edits use their own regexes, not the verifiers' fact extraction. Each verifier runs in its
+version-1 behaviour ("before": `facts: ignore`, `arithmetic: false`, tool_name `accept_any_reply: true`) and
+in the default behaviour ("after").
+
+Part 2, throughput (`--only speed`) on pairs drawn from REAL tool calls (one core, single process).
 
 Real calls: every function_call in the NeMo-Gym rollouts (inputs, outputs, expected actions; with the row's
 tools, so schema validation runs) and every assistant tool call of the tau2-bench airline run (no tools).
@@ -10,27 +18,29 @@ Each pair's expected action is a real call (as JSON text, as stored in the turns
   text          a plain-text reply
   openai        the same call as an OpenAI chat message dict with tool_calls (arguments as JSON text)
 
-Usage: .venv/bin/python bench/bench_verifiers.py [--pairs 100000] [--seed 0]
-Prints a markdown table; results are recorded in bench/RESULTS_verifiers.md.
+Usage: .venv/bin/python bench/bench_verifiers.py [--pairs 100000] [--seed 0] [--only near-misses|speed]
+Prints markdown tables; results are recorded in bench/RESULTS_verifiers.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import glob
 import json
 import os
 import random
+import re
 import sys
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pivot_assets.verifiers import build_verifier  # noqa: E402
-from pivot_assets.verifiers import parsing, tool_call, canonical, string_similarity  # noqa: E402
+from pivot_assets.verifiers import arithmetic, canonical, facts, parsing, string_similarity, tool_call  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data"
 KINDS = ("reserialized", "hermes", "wrong_arg", "wrong_tool", "text", "openai")
@@ -144,7 +154,9 @@ def clear_caches() -> None:
     for fn in (parsing._prepare_text_cached, parsing._prepare_expected_text, tool_call.schema_info,
                tool_call.compiled_validator,
                tool_call._validation_error_cached, tool_call._tools_index_from_text, canonical.normalize_text,
-               canonical.word_counts, string_similarity.shell_normalize):
+               canonical.word_counts, string_similarity.shell_normalize, facts.extract, facts.value_facts_of_key,
+               facts.date_key, facts.surface_json, facts.text_fact_difference, facts._word_counts,
+               arithmetic._parse):
         fn.cache_clear()
 
 
@@ -163,13 +175,7 @@ def calibration_us() -> float:
     return min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000 * 1e6
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--pairs", type=int, default=100_000)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
+def speed(args) -> None:
     calls = real_calls()
     if not calls:
         sys.exit(f"no real tool calls found under {DATA}")
@@ -183,8 +189,10 @@ def main() -> None:
     print("| verifier | pairs | wall s | CPU s | scores/s (wall) | scores/s (CPU) | mean reward |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     results = {}
-    for spec in ({"name": "tool_call"}, {"name": "tool_call", "mode": "f1"}, {"name": "exact"},
-                 {"name": "string_similarity", "mode": "commands"}, {"name": "tool_name"}):
+    for spec in ({"name": "tool_call"}, BEFORE["tool_call"], {"name": "tool_call", "mode": "f1"}, {"name": "exact"},
+                 {"name": "string_similarity", "mode": "commands"},
+                 {"name": "string_similarity", "mode": "commands", "facts": "ignore"},
+                 {"name": "tool_name"}, BEFORE["tool_name"]):
         v = build_verifier(spec)
         secs, cpu, scores = timed(v, pairs)
         results[json.dumps(spec)] = scores
@@ -211,6 +219,312 @@ def main() -> None:
         reasons = Counter(s.reason for s in ks).most_common(3)
         print(f"| {kind} | {len(ks)} | {len(sub) / cpu:,.0f} | {sum(s.reward for s in ks) / len(ks):.3f} | "
               + ", ".join(f"{r} {c}" for r, c in reasons) + " |")
+
+
+# ---------------------------------------------------------------------------------------------------
+# near misses
+
+BEFORE = {"tool_call": {"name": "tool_call", "facts": "ignore", "arithmetic": False},
+          "string_similarity": {"name": "string_similarity", "facts": "ignore"},
+          "tool_name": {"name": "tool_name", "accept_any_reply": True}}
+AFTER = {"tool_call": {"name": "tool_call"}, "string_similarity": {"name": "string_similarity"},
+         "tool_name": {"name": "tool_name"}}
+
+MONTHS = ("January February March April May June July August September October November December").split()
+# The fact edits: one regex per kind, independent of pivot_assets.verifiers.facts.
+FACT_EDITS = {
+    "reservation/flight id": re.compile(r"\b(?=[A-Z0-9]*\d)(?=[A-Z0-9]*[A-Z])[A-Z0-9]{5,9}\b"),
+    "user/order id": re.compile(r"\b[a-z]+_[a-z]+_\d{3,5}\b|#[A-Z]?\d{5,9}\b"),
+    "money": re.compile(r"\$\d[\d,]*(?:\.\d\d)?"),
+    "date": re.compile(r"\b20\d\d-\d\d-\d\d\b|\b(?:%s) \d{1,2}(?:st|nd|rd|th)?\b" % "|".join(MONTHS)),
+    "all-caps code": re.compile(r"\b(?:ATL|BOS|CLT|DEN|DFW|DTW|EWR|IAH|JFK|LAS|LAX|LGA|MCO|MIA|MSP|ORD|PHL|PHX|SEA|"
+                               r"SFO|IAD|DCA|CA|NY|AAPL|NVDA|XTC|SYNX|QUAS)\b"),
+    "number": re.compile(r"(?<![\w$.,#-])\d+(?:\.\d+)?(?![\w,-])"),
+}
+AIRPORTS = "ATL BOS CLT DEN DFW DTW EWR IAH JFK LAS LAX LGA MCO MIA MSP ORD PHL PHX SEA SFO".split()
+
+
+def _bump_digit(text: str, rng) -> str:
+    """One digit of `text` replaced by another (never a leading zero)."""
+    positions = [i for i, c in enumerate(text) if c.isdigit()]
+    i = rng.choice(positions)
+    choices = [d for d in "0123456789" if d != text[i] and not (d == "0" and (i == 0 or not text[i - 1].isdigit()))]
+    return text[:i] + rng.choice(choices) + text[i + 1:]
+
+
+def _edit_fact(kind: str, span: str, rng) -> str:
+    if kind == "reservation/flight id":
+        i = max(i for i, c in enumerate(span) if c.isalnum())
+        c = span[i]
+        new = str((int(c) + 1) % 10) if c.isdigit() else chr((ord(c) - 65 + 1) % 26 + 65)
+        return span[:i] + new + span[i + 1:]
+    if kind == "date" and not span[0].isdigit():
+        month, day = span.split(" ", 1)
+        d = int(re.match(r"\d+", day).group(0))
+        return f"{month} {d % 27 + 1}"
+    if kind == "all-caps code":
+        if span in AIRPORTS:
+            return rng.choice([a for a in AIRPORTS if a != span])
+        return span[:-1] + ("A" if span[-1] != "A" else "B")
+    if kind == "money" and rng.random() < 0.3:
+        return span + "0" if "." not in span else span.replace(".", "0.", 1)
+    return _bump_digit(span, rng)
+
+
+def fact_changes(text: str, rng) -> list[tuple[str, str]]:
+    """(fact kind, copy of text with one fact of that kind changed), at most one copy per kind."""
+    taken: list[tuple[int, int]] = []
+    out = []
+    for kind, pattern in FACT_EDITS.items():  # earlier kinds claim their spans first
+        spans = [m for m in pattern.finditer(text) if not any(a < m.end() and m.start() < b for a, b in taken)]
+        taken += [m.span() for m in spans]
+        if spans:
+            m = rng.choice(spans)
+            changed = _edit_fact(kind, m.group(0), rng)
+            if changed != m.group(0):
+                out.append((kind, text[:m.start()] + changed + text[m.end():]))
+    return out
+
+
+_WORD = re.compile(r"(?<![\w$#.-])[A-Za-z][a-z]+(?![\w-])")
+
+
+def _ordinary_words(text: str) -> list[re.Match]:
+    """Lower-case or Capitalized words that are not month names (a month is part of a date fact)."""
+    return [m for m in _WORD.finditer(text) if m.group(0) not in MONTHS]
+
+
+def surface_variants(text: str, rng) -> list[tuple[str, str]]:
+    """(transform, copy of text changed on the surface only): emphasis, whitespace, punctuation, case."""
+    out = []
+    words = _ordinary_words(text)
+    if words:
+        m = rng.choice(words)
+        out.append(("markdown", text[:m.start()] + "**" + m.group(0) + "**" + text[m.end():]))
+        cased = text
+        for m in rng.sample(words, min(3, len(words))):
+            w = m.group(0)
+            new = w.lower() if w[0].isupper() else (w.capitalize() if rng.random() < 0.7 else w.upper())
+            cased = cased[:m.start()] + new + cased[m.end():]
+        out.append(("case", cased))
+    spaced = re.sub(r" ", lambda _: "  " if rng.random() < 0.3 else " ", text)
+    out.append(("whitespace", " " + spaced.replace("\n\n", "\n") + "\n"))
+    stripped = text.rstrip()
+    punct = stripped[:-1] if stripped and stripped[-1] in ".!?" else stripped + "."
+    punct = re.sub(r"(?<=[A-Za-z]), ", lambda _: " " if rng.random() < 0.5 else ", ", punct)
+    if punct != text:
+        out.append(("punctuation", punct))
+    return out
+
+
+def fact_reformats(text: str) -> list[tuple[str, str]]:
+    """Copies with a fact written another way: $1200 -> $1,200.00, 2024-05-17 -> May 17, 2024."""
+    out = []
+    money = re.search(r"\$(\d+)(?![\d,.])", text)
+    if money:
+        out.append(("reformat money", text[:money.start()] + f"${int(money.group(1)):,}.00" + text[money.end():]))
+    iso = re.search(r"\b(20\d\d)-(\d\d)-(\d\d)\b", text)
+    if iso:
+        y, mo, d = (int(x) for x in iso.groups())
+        if 1 <= mo <= 12 and 1 <= d <= 31:
+            out.append(("reformat date", text[:iso.start()] + f"{MONTHS[mo - 1]} {d}, {y}" + text[iso.end():]))
+    return out
+
+
+def _tau2():
+    path = DATA / "tau2-bench" / "airline_run1.json"
+    return json.loads(path.read_text()) if path.exists() else {"simulations": [], "tasks": []}
+
+
+def tau2_replies(tau2) -> list[str]:
+    seen = {}
+    for sim in tau2["simulations"]:
+        for m in sim["messages"]:
+            if m["role"] == "assistant" and not m.get("tool_calls") and isinstance(m.get("content"), str):
+                if m["content"].strip():
+                    seen.setdefault(m["content"], None)
+    return list(seen)
+
+
+def tau2_calls(tau2) -> list[tuple[str, dict]]:
+    calls = [(c["name"], c["arguments"]) for sim in tau2["simulations"] for m in sim["messages"]
+             for c in m.get("tool_calls") or [] if isinstance(c.get("arguments"), dict)]
+    calls += [(a["name"], a["arguments"]) for t in tau2["tasks"]
+              for a in (t.get("evaluation_criteria") or {}).get("actions") or [] if isinstance(a.get("arguments"), dict)]
+    return calls
+
+
+def bfcl_calls() -> list[tuple[str, dict]]:
+    """Ground-truth calls of BFCL v4 multi-turn (python call syntax, parsed with ast.literal_eval)."""
+    calls = []
+    for path in sorted(glob.glob(str(DATA / "bfcl" / "possible_answer" / "*.json"))):
+        for line in open(path, encoding="utf-8"):
+            for turn in json.loads(line)["ground_truth"]:
+                for text in turn:
+                    node = ast.parse(text, mode="eval").body
+                    try:
+                        args = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
+                    except ValueError:
+                        continue
+                    calls.append((node.func.id, args))
+    return calls
+
+
+def _call(name: str, args: dict) -> dict:
+    return {"type": "function_call", "name": name, "arguments": json.dumps(args)}
+
+
+def _free_text_cases(source: str, calls, rng) -> list[dict]:
+    """Near misses of every distinct free-text (3+ words) string argument, the call otherwise unchanged."""
+    cases, seen = [], set()
+    for name, args in calls:
+        for key, value in args.items():
+            if not isinstance(value, str) or len(value.split()) < 3 or (name, key, value) in seen:
+                continue
+            seen.add((name, key, value))
+            expected = _call(name, args)
+            for kind, edited in surface_variants(value, rng) + fact_reformats(value) + fact_changes(value, rng):
+                label = kind if kind.startswith("reformat") or kind in ("markdown", "case", "whitespace",
+                                                                        "punctuation") else "fact: " + kind
+                cases.append({"source": source, "kind": label, "expected_action": expected,
+                              "candidate": {"name": name, "arguments": {**args, key: edited}}})
+    return cases
+
+
+def _operator_swaps(expr: str) -> list[str]:
+    swap = {"+": "-", "-": "+", "*": "/", "/": "*"}
+    return [expr[:i] + swap[c] + expr[i + 1:] for i, c in enumerate(expr) if c in swap]
+
+
+def _number_edits(expr: str) -> list[str]:
+    """Each number of the expression changed five ways: each digit position bumped, +1, x10, one digit dropped."""
+    out = []
+    for m in re.finditer(r"\d+", expr):
+        n = m.group(0)
+        variants = {str(int(n) + 1), n + "0", n[:-1] or "1"}
+        variants |= {n[:i] + str((int(n[i]) + 1) % 10) + n[i + 1:] for i in range(len(n))}
+        out += [expr[:m.start()] + v + expr[m.end():] for v in sorted(variants - {n})]
+    return out
+
+
+def calculate_cases(calls) -> list[dict]:
+    cases = []
+    for expr in sorted({a["expression"] for n, a in calls if n == "calculate" and isinstance(a.get("expression"), str)}):
+        expected = _call("calculate", {"expression": expr})
+        positives = {expr.replace(" ", ""), expr.replace(" ", "  "), f"({expr})", " " + expr + " "}
+        for p in sorted(positives - {expr}):
+            cases.append({"source": "calculate", "kind": "spacing/parentheses", "expected_action": expected,
+                          "candidate": {"name": "calculate", "arguments": {"expression": p}}})
+        for kind, edits in (("fact: number", _number_edits(expr)), ("fact: operator", _operator_swaps(expr))):
+            for e in edits:
+                cases.append({"source": "calculate", "kind": kind, "expected_action": expected,
+                              "candidate": {"name": "calculate", "arguments": {"expression": e}}})
+    return cases
+
+
+def near_misses(seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    tau2 = _tau2()
+    cases = []
+    for text in tau2_replies(tau2):
+        expected = {"type": "message", "content": text}
+        for kind, edited in surface_variants(text, rng) + fact_reformats(text) + fact_changes(text, rng):
+            label = kind if kind.startswith("reformat") or kind in ("markdown", "case", "whitespace",
+                                                                    "punctuation") else "fact: " + kind
+            cases.append({"source": "tau2 replies", "kind": label, "expected_action": expected, "candidate": edited})
+    calls = tau2_calls(tau2)
+    cases += _free_text_cases("tau2 free-text args", [c for c in calls if c[0] != "calculate"], rng)
+    cases += calculate_cases(calls)
+    cases += _free_text_cases("BFCL free-text args", bfcl_calls(), rng)
+    return cases
+
+
+def is_positive(case: dict) -> bool:
+    return not case["kind"].startswith("fact: ")
+
+
+def _pr(cases, scores) -> tuple[int, int, float, float]:
+    tp = sum(1 for c, s in zip(cases, scores) if is_positive(c) and s.reward == 1.0)
+    fp = sum(1 for c, s in zip(cases, scores) if not is_positive(c) and s.reward == 1.0)
+    n_pos = sum(1 for c in cases if is_positive(c))
+    precision = tp / (tp + fp) if tp + fp else float("nan")
+    return n_pos, len(cases) - n_pos, precision, tp / n_pos if n_pos else float("nan")
+
+
+def near_miss_report(seed: int) -> None:
+    cases = near_misses(seed)
+    headline = [c for c in cases if not c["kind"].startswith("reformat")]
+    print(f"{len(cases)} near misses: {sum(map(is_positive, headline))} surface-only positives, "
+          f"{sum(not is_positive(c) for c in cases)} one-fact-changed negatives, "
+          f"{len(cases) - len(headline)} fact-reformatted positives (reported separately)\n")
+    by_source = defaultdict(list)
+    for c in headline:
+        by_source[c["source"]].append(c)
+    scored: dict[tuple[str, str], list] = {}
+    print("| source | verifier | positives | negatives | precision before | precision after | "
+          "recall before | recall after | negatives scored 1: before -> after |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    for source, sub in by_source.items():
+        names = ("tool_call", "string_similarity", "tool_name") if source == "tau2 replies" else (
+            "tool_call", "string_similarity")
+        for name in names:
+            before = build_verifier(BEFORE[name]).score_many(sub)
+            after = build_verifier(AFTER[name]).score_many(sub)
+            scored[(source, name)] = after
+            n_pos, n_neg, p0, r0 = _pr(sub, before)
+            _, _, p1, r1 = _pr(sub, after)
+            fp0 = sum(1 for c, s in zip(sub, before) if not is_positive(c) and s.reward == 1.0)
+            fp1 = sum(1 for c, s in zip(sub, after) if not is_positive(c) and s.reward == 1.0)
+            print(f"| {source} | {name} | {n_pos} | {n_neg} | {p0:.3f} | {p1:.3f} | {r0:.3f} | {r1:.3f} | "
+                  f"{fp0} -> {fp1} |")
+    print("\nAccepted (reward 1) by kind of edit, `tool_call` before -> after (positives should be accepted, "
+          "negatives not):\n")
+    print("| source | edit | n | accepted before | accepted after |")
+    print("|---|---|---:|---:|---:|")
+    for source, sub in by_source.items():
+        before = build_verifier(BEFORE["tool_call"]).score_many(sub)
+        after = scored[(source, "tool_call")]
+        kinds = sorted({c["kind"] for c in sub}, key=lambda k: (k.startswith("fact"), k))
+        for kind in kinds:
+            idx = [i for i, c in enumerate(sub) if c["kind"] == kind]
+            print(f"| {source} | {kind} | {len(idx)} | {sum(before[i].reward == 1.0 for i in idx)} | "
+                  f"{sum(after[i].reward == 1.0 for i in idx)} |")
+    reformats = [c for c in cases if c["kind"].startswith("reformat")]
+    if reformats:
+        before = build_verifier(BEFORE["tool_call"]).score_many(reformats)
+        after = build_verifier(AFTER["tool_call"]).score_many(reformats)
+        print(f"\nFact reformatted ($1200 -> $1,200.00, 2024-05-17 -> May 17, 2024; positives): `tool_call` accepted "
+              f"{sum(s.reward == 1.0 for s in before)} of {len(reformats)} before, "
+              f"{sum(s.reward == 1.0 for s in after)} after.")
+    misses = [(c, s) for (source, name), scores in scored.items() if name == "tool_call"
+              for c, s in zip(by_source[source], scores) if is_positive(c) and s.reward < 1.0]
+    print(f"\nSurface-only positives rejected by `tool_call` after: {len(misses)}")
+    for c, s in misses[:8]:
+        print(f"- {c['source']} / {c['kind']}: {s.reason} {s.detail[:140]!r}")
+    print("\nReply near misses, `tool_call` speed (cold caches, CPU time):\n")
+    replies = by_source.get("tau2 replies", [])
+    print("| verifier | pairs | scores/s (CPU) |")
+    print("|---|---:|---:|")
+    for label, spec in (("before (`facts: ignore`)", BEFORE["tool_call"]), ("after (default)", AFTER["tool_call"])):
+        pairs = replies * max(1, 20_000 // max(1, len(replies)))
+        _, cpu, _ = timed(build_verifier(spec), pairs)
+        print(f"| {label} | {len(pairs)} | {len(pairs) / cpu:,.0f} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pairs", type=int, default=100_000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--only", choices=("near-misses", "speed"))
+    args = ap.parse_args()
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
+    if args.only != "speed":
+        print("## Near misses\n")
+        near_miss_report(args.seed)
+    if args.only != "near-misses":
+        print("\n## Throughput\n")
+        speed(args)
 
 
 if __name__ == "__main__":

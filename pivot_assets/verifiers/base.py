@@ -1,8 +1,9 @@
 """Verifier interface: Score, Reason categories, parameter checking and fingerprints (Dagster-free).
 
 A verifier maps (expected action, candidate completion, tools, state) to a Score: a reward in [0, 1] plus a
-reason category that says why. Its fingerprint (hash of name, version and the verdict-relevant config) is
-the code version of the scoring stage: changing any of them makes every stored reward stale.
+reason category that says why. Its fingerprint (hash of name, version, the verdict-relevant config and the
+code of the verifier's modules, see code_version.py) is the code version of the scoring stage: changing any
+of them makes every stored reward stale.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, ClassVar, Iterable, NamedTuple
 
 from pivot_assets.core.ids import canonical_json, short_hash
 
+from .code_version import code_hash
 from .parsing import Parsed, prepare_candidate, prepare_expected
 
 
@@ -31,6 +33,7 @@ class Reason:
     SPOKE_INSTEAD_OF_CALL = "SPOKE_INSTEAD_OF_CALL"
     CALLED_INSTEAD_OF_SPEAK = "CALLED_INSTEAD_OF_SPEAK"
     TEXT_DIFFERENT = "TEXT_DIFFERENT"
+    FACT_MISMATCH = "FACT_MISMATCH"  # a reply or free-text argument states another id, amount, date, number...
     WRONG_CALL_COUNT = "WRONG_CALL_COUNT"
     JUDGE_REJECTED = "JUDGE_REJECTED"  # the judge answered: not equivalent
     JUDGE_ERROR = "JUDGE_ERROR"  # the judge could not be asked or gave no usable verdict
@@ -123,11 +126,12 @@ class Verifier:
 
     @property
     def fingerprint(self) -> str:
-        """Stable short hash of name + version + verdict-relevant config (nested verifiers by fingerprint)."""
+        """Stable short hash of name + version + verdict-relevant config + code (nested verifiers by fingerprint)."""
         cfg = {k: v for k, v in self.config.items() if self.params[k].in_fingerprint}
         for key, child in self.children().items():
             cfg[key] = [c.fingerprint for c in child] if isinstance(child, list) else child.fingerprint
-        return short_hash(canonical_json({"name": self.name, "version": self.version, "config": cfg}))
+        return short_hash(canonical_json({"name": self.name, "version": self.version, "config": cfg,
+                                          "code": code_hash(type(self).__module__)}))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(fingerprint={self.fingerprint}, config={self.config})"

@@ -11,6 +11,7 @@ from typing import Any
 from .base import Reason, Score, Verifier
 from .canonical import normalize_text
 from .parsing import Parsed
+from .registry import register
 
 
 def kind_mismatch(expected: Parsed, candidate: Parsed) -> Score | None:
@@ -22,6 +23,7 @@ def kind_mismatch(expected: Parsed, candidate: Parsed) -> Score | None:
     return Score(0.0, Reason.SPOKE_INSTEAD_OF_CALL, f"expected a call to {expected.calls[0].name!r}, got a reply")
 
 
+@register
 class ExactVerifier(Verifier):
     """Exact match after canonical JSON / whitespace normalization."""
 

@@ -32,8 +32,9 @@ from typing import Any, Iterable
 
 from pivot_assets.core.ids import canonical_json
 
-from .base import Param, Reason, Score, Verifier
+from .base import Param, Reason, Score, Verifier, tools_as_list
 from .parsing import Parsed, parsed_to_action
+from .registry import register
 
 PROMPT_VERSION = "judge-v1"
 DEFAULT_CACHE_DIR = "~/.cache/pivot-curation/judge"
@@ -94,8 +95,6 @@ def _state_view(state: list | None, n_last: int) -> list:
 
 
 def _tool_names(tools: Any) -> list[str]:
-    from .base import tools_as_list
-
     names = []
     for t in tools_as_list(tools):
         fn = t.get("function") if isinstance(t, dict) and isinstance(t.get("function"), dict) else t
@@ -104,6 +103,7 @@ def _tool_names(tools: Any) -> list[str]:
     return names
 
 
+@register
 class LLMJudgeVerifier(Verifier):
     """Equivalence verdict from an OpenAI-compatible judge model, cached on disk."""
 

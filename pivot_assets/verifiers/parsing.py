@@ -118,17 +118,24 @@ def _calls_parsed(calls: list[Call]) -> Parsed:
 
 
 def _strip_reasoning(text: str) -> str:
+    """The answer part of a completion. Reasoning comes first, so only think tags before the first
+    `<tool_call>` count, and none when the text opens with a JSON call: a tag inside arguments is data."""
     if "think>" not in text:  # the common case, without a regex scan
         return text
-    text = _THINK_RE.sub("", text)
-    if "</think>" in text:  # the chat template opened <think> in the prompt: the answer follows the close
-        text = text.rsplit("</think>", 1)[1]
-    if "<think>" in text:
-        before = text.split("<think>", 1)[0]
+    start = text.lstrip()
+    if start[:1] in ("{", "[") or start.startswith("```"):
+        return text
+    cut = text.find("<tool_call>")
+    head, tail = (text, "") if cut < 0 else (text[:cut], text[cut:])
+    head = _THINK_RE.sub("", head)
+    if "</think>" in head:  # the chat template opened <think> in the prompt: the answer follows the close
+        head = head.rsplit("</think>", 1)[1]
+    if "<think>" in head:
+        before = head.split("<think>", 1)[0]
         if not before.strip():
             raise ParseError("reasoning block never closed: no answer after <think> (truncated generation?)")
-        text = before
-    return text
+        return before
+    return head + tail
 
 
 def _json_payload_calls(payload: str, where: str) -> list[Call]:

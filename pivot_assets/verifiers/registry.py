@@ -1,30 +1,34 @@
-"""Verifier registry: build a verifier from its spec, and the per-domain verifier set of pivot.yaml."""
+"""Verifier registry: name -> class. Each verifier module registers its class (`@register`) when imported.
+
+This module imports no verifier module, so a verifier that nests others (stack, tool_call's and tool_name's
+text verifier) imports `build_verifier` from here at module level without an import cycle. The package
+`__init__` imports every verifier module, and importing any module of the package runs it first, so the
+registry is complete before anything can be built.
+"""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from typing import Any, Iterable
+from typing import TypeVar
 
-from pivot_assets.core.ids import canonical_json, short_hash
+from .base import Verifier
 
-from .base import Score, Verifier
+_CLASSES: dict[str, type[Verifier]] = {}
+V = TypeVar("V", bound=type[Verifier])
 
 
-def _registry() -> dict[str, type[Verifier]]:
-    from .exact import ExactVerifier
-    from .llm_judge import LLMJudgeVerifier
-    from .stack import StackVerifier
-    from .string_similarity import StringSimilarityVerifier
-    from .tool_call import ToolCallVerifier
-    from .tool_name import ToolNameVerifier
-
-    classes = [ToolCallVerifier, ExactVerifier, StringSimilarityVerifier, ToolNameVerifier, LLMJudgeVerifier,
-               StackVerifier]
-    return {c.name: c for c in classes}
+def register(cls: V) -> V:
+    """Class decorator: make a verifier buildable by its `name`."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no verifier name")
+    known = _CLASSES.get(cls.name)
+    if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
+        raise ValueError(f"verifier name {cls.name!r} registered by {known.__module__} and {cls.__module__}")
+    _CLASSES[cls.name] = cls
+    return cls
 
 
 def verifier_names() -> list[str]:
-    return sorted(_registry())
+    return sorted(_CLASSES)
 
 
 def build_verifier(spec: dict | str) -> Verifier:
@@ -33,60 +37,8 @@ def build_verifier(spec: dict | str) -> Verifier:
         spec = {"name": spec}
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         raise ValueError(f"verifier spec must be a mapping with a 'name', got {spec!r:.80}")
-    registry = _registry()
     name = spec["name"]
-    if name not in registry:
-        raise ValueError(f"unknown verifier {name!r} (known: {', '.join(sorted(registry))})")
+    if name not in _CLASSES:
+        raise ValueError(f"unknown verifier {name!r} (known: {', '.join(verifier_names())})")
     params = {k: v for k, v in spec.items() if k != "name"}
-    return registry[name](**params)
-
-
-DEFAULT_SECTION = {"default": {"name": "tool_call"}, "domains": {}}
-
-
-class DomainVerifiers:
-    """The `verifier:` section of pivot.yaml: a default verifier and optional per-domain ones."""
-
-    def __init__(self, verifier_section: dict | None = None) -> None:
-        section = verifier_section if verifier_section is not None else DEFAULT_SECTION
-        if not isinstance(section, dict):
-            raise ValueError(f"verifier section must be a mapping, got {type(section).__name__}")
-        unknown = set(section) - {"default", "domains"}
-        if unknown:
-            raise ValueError(f"verifier section: unknown key {sorted(unknown)[0]!r} (known: default, domains)")
-        domains = section.get("domains") or {}
-        if not isinstance(domains, dict):
-            raise ValueError("verifier section: 'domains' must map domain names to verifier specs")
-        self.default = build_verifier(section.get("default") or {"name": "tool_call"})
-        self.domains: dict[str, Verifier] = {}
-        for domain, spec in domains.items():
-            try:
-                self.domains[str(domain)] = build_verifier(spec)
-            except ValueError as e:
-                raise ValueError(f"verifier section, domain {domain!r}: {e}") from None
-
-    def for_domain(self, domain: str | None) -> Verifier:
-        """The domain's verifier, or the default for an unknown / missing domain."""
-        return self.domains.get(domain, self.default) if domain is not None else self.default
-
-    @property
-    def fingerprints(self) -> dict[str, str]:
-        return {"default": self.default.fingerprint, **{f"domain:{d}": v.fingerprint for d, v in self.domains.items()}}
-
-    @property
-    def fingerprint(self) -> str:
-        """Hash over every verifier of the section: any change re-scores everything."""
-        return short_hash(canonical_json(self.fingerprints))
-
-    def score_rows(self, rows: Iterable[dict]) -> list[Score]:
-        """Score rows (domain, expected_action, candidate, tools, state), grouped by domain, results in order."""
-        rows = list(rows)
-        groups: dict[Any, list[int]] = defaultdict(list)
-        for i, row in enumerate(rows):
-            groups[row.get("domain")].append(i)
-        out: list[Score | None] = [None] * len(rows)
-        for domain, idx in groups.items():
-            scores = self.for_domain(domain).score_many([rows[i] for i in idx])
-            for i, s in zip(idx, scores):
-                out[i] = s
-        return out  # type: ignore[return-value]
+    return _CLASSES[name](**params)

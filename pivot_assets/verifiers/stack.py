@@ -12,8 +12,10 @@ from typing import Any, Iterable
 
 from .base import Param, Reason, Score, Verifier
 from .parsing import Parsed, prepare_candidate, prepare_expected
+from .registry import build_verifier, register
 
 
+@register
 class StackVerifier(Verifier):
     """Ordered verifier steps combined with all/any."""
 
@@ -29,8 +31,6 @@ class StackVerifier(Verifier):
         super().__init__(**config)
         if not self.config["steps"]:
             raise ValueError("verifier 'stack': 'steps' must list at least one verifier")
-        from .registry import build_verifier
-
         self.steps = [build_verifier(spec) for spec in self.config["steps"]]
 
     def children(self) -> dict:

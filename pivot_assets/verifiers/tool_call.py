@@ -5,15 +5,21 @@ A candidate call is accepted when it is the same tool with equivalent arguments:
 2. identical canonical arguments (key order, 1 vs 1.0, JSON text vs object) -> OK at once (fast path);
 3. otherwise, when the tools are known, optional arguments equal to their schema default are dropped on both
    sides, then argument-by-argument comparison: MISSING_ARGUMENT / EXTRA_ARGUMENT / ARGUMENT_VALUE_DIFFERENT,
-   with configurable string normalization, a float tolerance, and free text (several words on both sides)
-   compared by word overlap or a similarity ratio against a threshold (NeMo-Gym's argument comparison is the
-   model);
+   with configurable string normalization and a float tolerance. Arithmetic strings (`calculate`-style:
+   "175 + 200") are parsed safely and compared by structure (arithmetic.py): spacing and redundant
+   parentheses do not count, a changed number (FACT_MISMATCH) or operator does. Free text (several words on
+   both sides) must state the same facts as the expert's (facts.py: ids, amounts, dates, times, numbers,
+   emails, URLs, quoted strings, all-caps codes; `facts: exact | subset | ignore`), else FACT_MISMATCH naming
+   the first differing fact; the rest is then compared by word overlap or a similarity ratio against a
+   threshold (NeMo-Gym's argument comparison is the model);
 4. a candidate found equivalent must also validate against the tool's JSON schema when the tools are known
    (SCHEMA_INVALID: e.g. a case-folded enum value, 2.0000001 for an integer). Validating last keeps the more
    specific reasons for wrong calls and runs the (slow) validator only on would-be passes.
 Parallel calls are an unordered multiset: maximum bipartite matching of equivalent calls; binary mode pays 1
 only for a perfect matching, f1 mode pays the F1 of matched calls. Text vs call is 0 (SPOKE_INSTEAD_OF_CALL /
-CALLED_INSTEAD_OF_SPEAK); text vs text goes to a configurable text verifier, never an automatic 1.0.
+CALLED_INSTEAD_OF_SPEAK); text vs text goes to a configurable text verifier, never an automatic 1.0: by default
+string_similarity at `text_threshold` with the same `facts` mode, so a reply with a wrong id, amount or date
+is FACT_MISMATCH however similar its wording.
 """
 
 from __future__ import annotations
@@ -29,13 +35,17 @@ from rapidfuzz import fuzz
 
 from pivot_assets.core.ids import canonical_json
 
+from .arithmetic import Expression, expression_difference, parse_expression
 from .base import Param, Reason, Score, Verifier, tools_as_list
 from .canonical import canonical_key, canonicalize, n_words, normalize_text, word_overlap
+from .facts import FACT_MODES, extract, text_fact_difference
 from .matching import max_bipartite_matching
 from .parsing import Call, Parsed
+from .registry import build_verifier, register
 
 _MAX_CACHED_ARGS = 65536  # larger argument texts are validated uncached
 _MAX_PAIRWISE = 4096  # batch comparisons beyond this are not attempted pairwise (adversarial batches)
+_MAX_FREE_TEXT_CHARS = 20_000  # longer free text must be equal after normalization (as string_similarity)
 
 
 class SchemaInfo(NamedTuple):
@@ -165,14 +175,21 @@ def _join(path: str, key: Any) -> str:
     return f"{path}[{key}]" if isinstance(key, int) else (f"{path}.{key}" if path else str(key))
 
 
+@register
 class ToolCallVerifier(Verifier):
     """Functional tool-call equivalence (see module docstring)."""
 
     name = "tool_call"
-    version = "1"
+    version = "2"
     params = {
         "mode": Param("str", "binary", choices=("binary", "f1")),
-        # Text vs text: string_similarity at text_threshold, unless text_verifier names another verifier spec.
+        # Facts of replies and free-text arguments: exact (equal multisets), subset (the candidate may leave
+        # facts out, never add or change one) or ignore (similarity only, the version-1 behaviour).
+        "facts": Param("str", "exact", choices=FACT_MODES),
+        # Arithmetic strings compared as parsed expressions (False: as strings, the version-1 behaviour).
+        "arithmetic": Param("bool", True),
+        # Text vs text: string_similarity at text_threshold (same facts mode), unless text_verifier names
+        # another verifier spec.
         "text_threshold": Param("float", 0.5, lo=0.0, hi=1.0),
         "text_verifier": Param("spec", None),
         "ignore_case": Param("bool", False),
@@ -190,9 +207,8 @@ class ToolCallVerifier(Verifier):
 
     def __init__(self, **config: Any) -> None:
         super().__init__(**config)
-        from .registry import build_verifier  # the text verifier may be any registered verifier
-
-        spec = self.config["text_verifier"] or {"name": "string_similarity", "threshold": self.config["text_threshold"]}
+        spec = self.config["text_verifier"] or {"name": "string_similarity", "threshold": self.config["text_threshold"],
+                                                "facts": self.config["facts"]}
         self.text_verifier = build_verifier(spec)
         if not all(isinstance(a, str) for a in self.config["ignore_arguments"]):
             raise ValueError("verifier 'tool_call': parameter 'ignore_arguments' must list argument names")
@@ -292,17 +308,32 @@ class ToolCallVerifier(Verifier):
     def _compare_strings(self, exp: str, cand: str, path: str) -> tuple[str, str] | None:
         if exp == cand:
             return None
+        if self.config["arithmetic"]:
+            expressions = parse_expression(exp), parse_expression(cand)
+            if None not in expressions:
+                return _expression_verdict(*expressions, path)
         ne, nc = normalize_text(exp, *self._norm), normalize_text(cand, *self._norm)
         if ne == nc:
             return None
         min_words = self.config["free_text_min_words"]
         if n_words(exp) >= min_words and n_words(cand) >= min_words:
-            sim = self._free_text_similarity(ne, nc)
-            if sim >= self.config["free_text_threshold"]:
-                return None
-            return Reason.ARGUMENT_VALUE_DIFFERENT, (
-                f"{path}: free text similarity {sim:.2f} < {self.config['free_text_threshold']}")
+            return self._compare_free_text(exp, cand, ne, nc, path)
         return Reason.ARGUMENT_VALUE_DIFFERENT, f"{path}: expected {_short(exp)}, got {_short(cand)}"
+
+    def _compare_free_text(self, exp: str, cand: str, ne: str, nc: str, path: str) -> tuple[str, str] | None:
+        """Free text: the same facts (unless facts: ignore), then similarity of the rest above the threshold."""
+        if self.config["facts"] != "ignore":
+            if max(len(exp), len(cand)) > _MAX_FREE_TEXT_CHARS:
+                return Reason.ARGUMENT_VALUE_DIFFERENT, f"{path}: free text over {_MAX_FREE_TEXT_CHARS} chars differs"
+            diff = text_fact_difference(exp, cand, self.config["facts"])
+            if diff:
+                return Reason.FACT_MISMATCH, f"{path}: {diff}"
+            ne, nc = extract(exp).rest, extract(cand).rest
+        sim = self._free_text_similarity(ne, nc)
+        if sim >= self.config["free_text_threshold"]:
+            return None
+        return Reason.ARGUMENT_VALUE_DIFFERENT, (
+            f"{path}: free text similarity {sim:.2f} < {self.config['free_text_threshold']}")
 
     def _free_text_similarity(self, a: str, b: str) -> float:
         metric = self.config["free_text_metric"]
@@ -355,6 +386,15 @@ class ToolCallVerifier(Verifier):
                     return s.reason, f"{call.name}: {s.detail}"
             return Reason.UNEXPECTED_TOOL, f"no candidate call to {call.name!r}"
         return Reason.WRONG_CALL_COUNT, "unmatched candidate calls"
+
+
+def _expression_verdict(expected: Expression, candidate: Expression, path: str) -> tuple[str, str] | None:
+    """Two parsed arithmetic expressions: None when equal, FACT_MISMATCH for a changed number."""
+    diff = expression_difference(expected, candidate)
+    if diff is None:
+        return None
+    number_changed, detail = diff
+    return (Reason.FACT_MISMATCH if number_changed else Reason.ARGUMENT_VALUE_DIFFERENT), f"{path}: {detail}"
 
 
 def _close(a: int | float, b: int | float, tolerance: float) -> bool:

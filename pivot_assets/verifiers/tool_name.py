@@ -2,7 +2,10 @@
 
 A call is accepted when its tool (or the tool's category in the alias table, e.g. {str_replace_editor: edit,
 sed: edit, grep: search}) matches the expert's; arguments are ignored. Parallel calls compare as a multiset of
-categories. A reply where a reply is expected counts as the same operation unless a text verifier is given.
+categories. A reply where a reply is expected is compared as text: by `text_verifier` when given, else by
+string_similarity at threshold 0.5 with facts exact (the default text comparison of tool_call), so a reply
+that states a wrong id or amount is not the "same operation". `accept_any_reply: true` restores the old
+flat 1.0 for any reply against any reply (the paper's SWE setting, where replies are not graded).
 """
 
 from __future__ import annotations
@@ -13,16 +16,21 @@ from typing import Any
 from .base import Param, Reason, Score, Verifier
 from .exact import kind_mismatch
 from .parsing import Parsed
+from .registry import build_verifier, register
+
+DEFAULT_TEXT_VERIFIER = {"name": "string_similarity", "threshold": 0.5}
 
 
+@register
 class ToolNameVerifier(Verifier):
     """Same operation type (tool name or its alias category)."""
 
     name = "tool_name"
-    version = "1"
+    version = "2"
     params = {
         "aliases": Param("dict", {}),
         "text_verifier": Param("spec", None),
+        "accept_any_reply": Param("bool", False),
     }
 
     def __init__(self, **config: Any) -> None:
@@ -30,10 +38,10 @@ class ToolNameVerifier(Verifier):
         bad = [k for k, v in self.config["aliases"].items() if not isinstance(v, str)]
         if bad:
             raise ValueError(f"verifier 'tool_name': alias {bad[0]!r} must map to a category string")
-        from .registry import build_verifier
-
         spec = self.config["text_verifier"]
-        self.text_verifier = build_verifier(spec) if spec else None
+        if spec and self.config["accept_any_reply"]:
+            raise ValueError("verifier 'tool_name': give either 'text_verifier' or 'accept_any_reply', not both")
+        self.text_verifier = None if self.config["accept_any_reply"] else build_verifier(spec or DEFAULT_TEXT_VERIFIER)
 
     def children(self) -> dict:
         return {"text_verifier": self.text_verifier} if self.text_verifier else {}
@@ -48,7 +56,7 @@ class ToolNameVerifier(Verifier):
         if expected.kind == "text":
             if self.text_verifier is not None:
                 return self.text_verifier.score_parsed(expected, candidate, tools, state)
-            return Score(1.0, Reason.OK, "both are replies (operation type only)")
+            return Score(1.0, Reason.OK, "both are replies (accept_any_reply)")
         exp = Counter(self.category(c.name) for c in expected.calls)
         cand = Counter(self.category(c.name) for c in candidate.calls)
         if exp == cand:

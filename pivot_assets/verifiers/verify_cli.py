@@ -1,4 +1,4 @@
-"""`pivot verify`: score JSONL pairs and say why each sample got its reward.
+"""The scoring loop of `pivot verify` (pivot_assets/cli.py): JSONL pairs in, one verdict line per pair out.
 
 Input lines:  {"expected_action": action, "candidate": raw text or action, "tools": [...]?, "state": [...]?,
                "domain": str?}
@@ -8,16 +8,14 @@ Output lines, one per input line, in order: {"reward": float, "reason": str, "de
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from collections import Counter
-from pathlib import Path
 from typing import Iterable, TextIO
 
+from .domains import DomainVerifiers
 from .llm_judge import judge_stats
 from .parsing import prepare_expected
-from .registry import DomainVerifiers, build_verifier
+from .registry import build_verifier
 
 _CHUNK = 1024  # lines scored per batch: bounded memory, and a judge still sees batches
 
@@ -91,47 +89,3 @@ def verify_jsonl(in_lines: Iterable[str], out: TextIO, verifiers: DomainVerifier
         "mean_reward": reward_sum / counts["scored"] if counts["scored"] else None,
         "reasons": dict(reasons), "judge": dict(judges),
     }
-
-
-def load_verifier_section(config_path: str | None) -> dict | None:
-    """The `verifier:` section of a pivot.yaml (None when no file is given or the section is absent)."""
-    if not config_path:
-        return None
-    import yaml
-
-    data = yaml.safe_load(Path(config_path).read_text()) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{config_path}: top level must be a mapping")
-    return data.get("verifier")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`pivot verify [--config F] [--verifier NAME] --input pairs.jsonl [--output out.jsonl]`."""
-    ap = argparse.ArgumentParser(prog="pivot verify", description=__doc__.split("\n")[0])
-    ap.add_argument("--config", help="pivot.yaml whose `verifier:` section picks verifiers per domain")
-    ap.add_argument("--verifier", help="use this verifier (default parameters) for every line")
-    ap.add_argument("--input", required=True, help="JSONL pairs ('-' for stdin)")
-    ap.add_argument("--output", default="-", help="JSONL verdicts ('-' for stdout)")
-    args = ap.parse_args(argv)
-    try:
-        verifiers = DomainVerifiers(load_verifier_section(args.config))
-        if args.verifier:
-            build_verifier({"name": args.verifier})
-    except (ValueError, OSError) as e:
-        print(f"pivot verify: {e}", file=sys.stderr)
-        return 2
-    src = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8", errors="surrogateescape")
-    dst = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8", errors="surrogatepass")
-    try:
-        counts = verify_jsonl(src, dst, verifiers, args.verifier)
-    finally:
-        if src is not sys.stdin:
-            src.close()
-        if dst is not sys.stdout:
-            dst.close()
-    print(json.dumps(counts), file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

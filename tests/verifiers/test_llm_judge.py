@@ -225,3 +225,45 @@ def test_concurrent_score_many_keeps_order(stub, judge_spec):
 ])
 def test_parse_verdict_is_strict(content, verdict):
     assert parse_verdict(content) is verdict
+
+
+def _recipe_from_docstring() -> dict:
+    """The pivot.yaml `verifier:` section documented in the verifiers package docstring."""
+    import textwrap
+
+    import yaml
+
+    import pivot_assets.verifiers as package
+
+    lines = package.__doc__.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "verifier:")
+    block = []
+    for line in lines[start:]:
+        if line.strip() and not line.startswith("    "):
+            break
+        block.append(line)
+    return yaml.safe_load(textwrap.dedent("\n".join(block)))["verifier"]
+
+
+def test_documented_judge_recipe_gates_replies_on_facts(stub, tmp_path, monkeypatch):
+    """Replies that can't be judged locally: facts are checked locally first, only then is the judge asked."""
+    from pivot_assets.verifiers import DomainVerifiers
+
+    section = _recipe_from_docstring()
+    judge = section["default"]["text_verifier"]["steps"][1]
+    assert judge["name"] == "llm_judge"
+    judge.update(base_url=stub.base_url, cache_dir=str(tmp_path / "cache"))  # the stub, a private cache
+    monkeypatch.setenv(judge["api_key_env"], "test-key")
+    v = DomainVerifiers(section).default
+    expert = {"type": "message", "content": "Your reservation 3FRNFB is cancelled and $45 will be refunded."}
+    stub.mode = "equivalent"
+    wrong_fact = v.score(expert, "I cancelled reservation 3FRNFB; you will get $450 back.")
+    assert (wrong_fact.reward, wrong_fact.reason) == (0.0, Reason.FACT_MISMATCH) and not stub.requests
+    paraphrase = v.score(expert, "Done: booking 3FRNFB is cancelled, and a refund of $45 is on its way.")
+    assert (paraphrase.reward, paraphrase.reason) == (1.0, Reason.OK) and len(stub.requests) == 1
+    stub.mode = "not"
+    rejected = v.score(expert, "Booking 3FRNFB: cancelled? $45? Please confirm the refund.")
+    assert rejected.reason == Reason.JUDGE_REJECTED and len(stub.requests) == 2
+    call = {"type": "function_call", "name": "cancel_reservation", "arguments": '{"reservation_id": "3FRNFB"}'}
+    assert v.score(call, '{"name": "cancel_reservation", "arguments": {"reservation_id": "3FRNFB"}}').reward == 1.0
+    assert len(stub.requests) == 2  # calls never reach the judge

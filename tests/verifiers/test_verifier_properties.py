@@ -124,8 +124,16 @@ ADVERSARIAL = [
 ]
 
 
+def _argument_blind_pass(verifier, expected: dict, candidate) -> bool:
+    """tool_name ignores arguments by design: any call to the expected tool is the same operation."""
+    action, _ = parse_candidate(candidate)
+    return (verifier.name == "tool_name" and expected["type"] == "function_call" and action is not None
+            and action["type"] == "function_call" and action["name"] == expected["name"])
+
+
 @pytest.mark.parametrize("label,candidate", ADVERSARIAL, ids=[a[0] for a in ADVERSARIAL])
-def test_adversarial_candidates_are_scored(label, candidate):
+def test_adversarial_candidates_score_zero(label, candidate):
+    """Scored, never a crash, and never paid: 0 from every verifier (tool_name: unless it calls the right tool)."""
     expected = [{"type": "function_call", "name": "f", "arguments": '{"q": "a b c"}'},
                 {"type": "function_call_batch", "calls": [{"type": "function_call", "name": "f", "arguments": "{}"}] * 3},
                 {"type": "message", "content": "a " * 1000}]
@@ -134,7 +142,9 @@ def test_adversarial_candidates_are_scored(label, candidate):
         for e in expected:
             s = v.score(e, candidate, tools=[{"type": "function", "function": {
                 "name": "f", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}])
-            assert 0.0 <= s.reward <= 1.0 and s.reason in Reason.ALL
+            assert s.reason in Reason.ALL
+            assert s.reward == (1.0 if _argument_blind_pass(v, e, candidate) else 0.0), (v.name, e["type"], s)
+            assert s.reason != Reason.OK or s.reward == 1.0
             json.dumps(s._asdict())  # storable
             s.detail.encode("utf-8")  # valid UTF-8 for Parquet
     assert time.perf_counter() - t0 < 60  # generous: a hang, not a speed target

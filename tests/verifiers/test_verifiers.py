@@ -15,7 +15,6 @@ from pivot_assets.verifiers import (
     parse_candidate,
     verify_jsonl,
 )
-from pivot_assets.verifiers.verify_cli import main as verify_main
 
 
 def call(name: str, **args) -> dict:
@@ -71,6 +70,10 @@ PARSE_CASES = [
     ("mistral prefix", '[TOOL_CALLS][{"name": "f", "arguments": {"x": "y"}}]',
      {"type": "function_call", "name": "f", "arguments": '{"x":"y"}'}),
     ("think stripped", "<think>I should call f</think>" + hermes("f"), {"type": "function_call", "name": "f", "arguments": "{}"}),
+    ("think tags inside arguments are data", "<think>ok</think>" + hermes("f", a="<think>", b="</think> x"),
+     {"type": "function_call", "name": "f", "arguments": '{"a":"<think>","b":"</think> x"}'}),
+    ("think tags inside bare JSON are data", '{"name": "f", "arguments": {"a": "<think>"}}',
+     {"type": "function_call", "name": "f", "arguments": '{"a":"<think>"}'}),
     ("orphan </think> from the template", "reasoning...</think>\nHello there", msg("Hello there")),
     ("plain text", "  Sure, which city?  ", msg("Sure, which city?")),
     ("JSON-looking prose", '{"answer": 42}', msg('{"answer": 42}')),
@@ -268,7 +271,14 @@ OTHER_CASES = [
     ({"name": "string_similarity", "mode": "commands", "threshold": 1.0}, call("run", command="ls -la 'my dir'"),
      hermes("run", command='ls  -la "my dir"'), (1.0, Reason.OK)),
     ({"name": "string_similarity", "mode": "commands", "threshold": 0.9}, call("run", command="rm -rf build"),
-     hermes("run", command="cat README.md"), (0.0, Reason.ARGUMENT_VALUE_DIFFERENT)),
+     hermes("run", command="cat notes.md"), (0.0, Reason.ARGUMENT_VALUE_DIFFERENT)),
+    # Facts come first in commands too: README is a code word the expert's command does not have.
+    ({"name": "string_similarity", "mode": "commands", "threshold": 0.9}, call("run", command="rm -rf build"),
+     hermes("run", command="cat README.md"), (0.0, Reason.FACT_MISMATCH)),
+    ({"name": "string_similarity", "mode": "commands"}, call("run", command="head -n 20 log.txt"),
+     hermes("run", command="head -n 200 log.txt"), (0.0, Reason.FACT_MISMATCH)),
+    ({"name": "string_similarity", "mode": "commands", "facts": "ignore"}, call("run", command="head -n 20 log.txt"),
+     hermes("run", command="head -n 200 log.txt"), (1.0, Reason.OK)),
     ({"name": "string_similarity", "mode": "commands", "threshold": 0.9}, msg("ls -la"), "ls   -la",
      (1.0, Reason.OK)),
     ({"name": "string_similarity", "mode": "commands"}, call("run", command="ls"), hermes("shell", command="ls"),
@@ -285,9 +295,14 @@ OTHER_CASES = [
      hermes("sed", expr="s/a/b/"), (1.0, Reason.OK)),
     ({"name": "tool_name"}, batch(call("a"), call("b")), hermes("b") + hermes("a"), (1.0, Reason.OK)),
     ({"name": "tool_name"}, batch(call("a"), call("b")), hermes("b"), (0.0, Reason.WRONG_CALL_COUNT)),
-    ({"name": "tool_name"}, msg("done"), "All finished.", (1.0, Reason.OK)),
+    # Reply vs reply is compared as text (facts first), not paid a flat 1.0 ...
+    ({"name": "tool_name"}, msg("done"), "All finished.", (0.0, Reason.TEXT_DIFFERENT)),
+    ({"name": "tool_name"}, msg("Your total is $45."), "Your total is $450.", (0.0, Reason.FACT_MISMATCH)),
+    ({"name": "tool_name"}, msg("Your total is $45."), "your total is **$45**", (1.0, Reason.OK)),
     ({"name": "tool_name", "text_verifier": {"name": "exact"}}, msg("done"), "All finished.",
      (0.0, Reason.TEXT_DIFFERENT)),
+    # ... unless explicitly asked for (operation type only, the paper's SWE setting).
+    ({"name": "tool_name", "accept_any_reply": True}, msg("done"), "All finished.", (1.0, Reason.OK)),
     ({"name": "tool_name"}, call("submit"), "I am done", (0.0, Reason.SPOKE_INSTEAD_OF_CALL)),
 ]
 
@@ -344,6 +359,8 @@ BAD_SPECS = [
     ({"name": "llm_judge", "model": "m"}, "missing required parameter 'base_url'"),
     ({"name": "llm_judge", "model": "m", "base_url": "ftp://x"}, "http(s) URL"),
     ({"name": "tool_name", "aliases": {"sed": 1}}, "alias 'sed'"),
+    ({"name": "tool_name", "accept_any_reply": True, "text_verifier": {"name": "exact"}}, "not both"),
+    ({"name": "tool_call", "facts": "loose"}, "parameter 'facts' must be one of"),
     ({"text_threshold": 0.5}, "must be a mapping with a 'name'"),
 ]
 
@@ -361,7 +378,8 @@ def test_fingerprints():
     assert a.fingerprint == build_verifier({"name": "tool_call", "mode": "binary"}).fingerprint
     assert a.fingerprint != build_verifier({"name": "tool_call", "text_threshold": 0.6}).fingerprint
     assert a.fingerprint != build_verifier({"name": "exact"}).fingerprint
-    assert (a.name, a.version, a.config["mode"]) == ("tool_call", "1", "binary")
+    assert (a.name, a.version, a.config["mode"], a.config["facts"]) == ("tool_call", "2", "binary", "exact")
+    assert a.fingerprint != build_verifier({"name": "tool_call", "facts": "ignore"}).fingerprint
     assert len(a.fingerprint) == 16
     judge = {"name": "llm_judge", "base_url": "http://127.0.0.1:9/v1", "model": "judge"}
     j = build_verifier(judge)
@@ -371,6 +389,86 @@ def test_fingerprints():
     s1 = build_verifier({"name": "stack", "steps": [{"name": "exact"}, judge]})
     s2 = build_verifier({"name": "stack", "steps": [{"name": "exact"}, {**judge, "model": "judge2"}]})
     assert s1.fingerprint != s2.fingerprint
+
+
+@pytest.fixture
+def edited_source(monkeypatch):
+    """Pretend a package module's source was edited: edit(module, appended_text); caches reset either way."""
+    from pivot_assets.verifiers import code_version
+
+    original = code_version.read_module_source
+
+    def edit(module: str, appended: str) -> None:
+        monkeypatch.setattr(code_version, "read_module_source",
+                            lambda m: original(m) + (appended if m == module else ""))
+        code_version.clear_cache()
+
+    yield edit
+    monkeypatch.undo()
+    code_version.clear_cache()
+
+
+def test_fingerprint_covers_the_verifier_code(edited_source):
+    names = ("tool_call", "string_similarity", "exact", "tool_name", "stack_of_exact")
+    specs = {n: {"name": n} for n in names[:4]} | {"stack_of_exact": {"name": "stack", "steps": [{"name": "exact"}]}}
+    before = {n: build_verifier(spec).fingerprint for n, spec in specs.items()}
+    section = DomainVerifiers(None).fingerprint
+    edited_source("facts", "\n_SOMETHING_NEW = 1\n")  # a helper tool_call and string_similarity use, exact does not
+    after = {n: build_verifier(spec).fingerprint for n, spec in specs.items()}
+    assert after["tool_call"] != before["tool_call"] and after["string_similarity"] != before["string_similarity"]
+    assert after["tool_name"] != before["tool_name"]  # via its text verifier (string_similarity)
+    assert after["exact"] == before["exact"] and after["stack_of_exact"] == before["stack_of_exact"]
+    assert DomainVerifiers(None).fingerprint != section  # the scoring stage's code version moves with the code
+    edited_source("base", "\n_SOMETHING_NEW = 1\n")  # every verifier builds on base
+    assert all(build_verifier(spec).fingerprint != before[n] for n, spec in specs.items())
+    edited_source("facts", "\n# a comment cannot change a verdict\n\n")
+    assert build_verifier("tool_call").fingerprint == before["tool_call"]
+
+
+def test_code_closure_follows_imports():
+    from pivot_assets.verifiers.code_version import module_closure
+
+    assert {"tool_call", "facts", "arithmetic", "canonical", "parsing", "base", "registry"} <= set(
+        module_closure("tool_call"))
+    assert "llm_judge" not in module_closure("tool_call") and "facts" not in module_closure("exact")
+
+
+def _package_imports() -> dict[str, list]:
+    """module -> ImportFrom nodes of package modules, for every module of pivot_assets/verifiers."""
+    import ast
+    from pathlib import Path
+
+    from pivot_assets.verifiers import code_version
+
+    out = {}
+    for path in sorted(Path(code_version.__file__).parent.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        out[path.stem] = [(node, node in tree.body) for node in ast.walk(tree)
+                          if isinstance(node, ast.ImportFrom) and node.level == 1]
+    return out
+
+
+def test_no_import_cycles_in_the_verifier_package():
+    """Imports are at module level and form a DAG (the registry imports no verifier back)."""
+    imports = _package_imports()
+    lazy = [(m, node.module) for m, nodes in imports.items() for node, top in nodes if not top]
+    assert lazy == []
+    graph = {m: {(node.module or "").split(".")[0] for node, _ in nodes} for m, nodes in imports.items()
+             if m != "__init__"}
+    assert graph["registry"] == {"base"}
+    state: dict[str, str] = {}
+
+    def visit(m: str, path: tuple) -> None:
+        assert state.get(m) != "open", f"import cycle: {' -> '.join(path + (m,))}"
+        if state.get(m) == "done":
+            return
+        state[m] = "open"
+        for dep in graph.get(m, ()):
+            visit(dep, path + (m,))
+        state[m] = "done"
+
+    for m in graph:
+        visit(m, ())
 
 
 def test_domain_verifiers():
@@ -443,18 +541,21 @@ def test_verify_jsonl_verifier_override():
         verify_jsonl([], io.StringIO(), DomainVerifiers(None), verifier_name="nope")
 
 
-def test_verify_main(tmp_path, capsys):
-    cfg = tmp_path / "pivot.yaml"
-    cfg.write_text("verifier:\n  default: {name: tool_call}\n  domains:\n    swe: {name: tool_name}\n")
-    pairs = tmp_path / "pairs.jsonl"
-    pairs.write_text(_line(expected_action=call("f", a=1), candidate=hermes("f", b=1), domain="swe") + "\n"
-                     + _line(expected_action=call("f", a=1), candidate=hermes("f", b=1)) + "\n")
-    out = tmp_path / "out.jsonl"
-    assert verify_main(["--config", str(cfg), "--input", str(pairs), "--output", str(out)]) == 0
-    assert [json.loads(x)["reason"] for x in out.read_text().splitlines()] == ["OK", "MISSING_ARGUMENT"]
-    cfg.write_text("verifier:\n  default: {name: tool_call, colour: red}\n")
-    assert verify_main(["--config", str(cfg), "--input", str(pairs)]) == 2
-    assert "unknown parameter 'colour'" in capsys.readouterr().err
+def test_verify_jsonl_with_a_config_section():
+    """What `pivot verify --config` does with pivot.yaml's verifier section (the CLI itself is pivot_assets/cli.py)."""
+    section = {"default": {"name": "tool_call"}, "domains": {"swe": {"name": "tool_name"}}}
+    lines = [_line(expected_action=call("f", a=1), candidate=hermes("f", b=1), domain="swe"),
+             _line(expected_action=call("f", a=1), candidate=hermes("f", b=1)),
+             _line(expected_action=msg("Your reservation 3FRNFB is cancelled."),
+                   candidate="Your reservation 3FRNFD is cancelled.")]
+    out = io.StringIO()
+    counts = verify_jsonl(lines, out, DomainVerifiers(section))
+    results = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert [r["reason"] for r in results] == ["OK", "MISSING_ARGUMENT", "FACT_MISMATCH"]
+    assert results[2]["detail"] == "reply: expected 3FRNFB, got 3FRNFD"
+    assert counts["reasons"] == {"OK": 1, "MISSING_ARGUMENT": 1, "FACT_MISMATCH": 1}
+    with pytest.raises(ValueError, match="unknown parameter 'colour'"):
+        DomainVerifiers({"default": {"name": "tool_call", "colour": "red"}})
 
 
 # ---------------------------------------------------------------------------------------------------
