@@ -57,6 +57,9 @@ class PivotsSection(_Strict):
     seed: int = 0
     min_k: int | None = Field(None, ge=1)
     domain_quotas: dict[str, Annotated[int, Field(ge=0)]] | None = None
+    # Only turns whose expert action is of these kinds become candidates (e.g. [tool_call, tool_call_batch]
+    # keeps replies out of the pivot sets when no judge can check them); null: every kind.
+    action_kinds: list[Literal["tool_call", "message", "tool_call_batch"]] | None = None
 
 
 class TrainingSection(_Strict):

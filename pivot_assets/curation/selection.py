@@ -1,7 +1,8 @@
 """Pivot selection (Dagster-free): turn profiles -> D_mixed, D_adv, D_cand.
 
 Definitions (PivotRL, arXiv 2603.21383; DESIGN.md):
-    candidates   = profiled turns whose profile has k >= min_k (all profiled turns when min_k is None)
+    candidates   = profiled turns whose profile has k >= min_k (all profiled turns when min_k is None) and
+                   whose expert action is of one of `action_kinds` (every kind when it is None)
     pivots_mixed = candidates with reward_var > 0 (the reference policy's outcome is mixed)
     pivots_adv   = candidates with reward_var > 0 and reward_mean <= lambda_diff (mixed and hard)
     pivots_cand  = a seeded random sample of candidates, len(pivots_adv) rows unless cand_size is set
@@ -15,7 +16,7 @@ still be in pivots_adv; set sizes stay monotone (turns >= profiled >= candidates
 pivots_cand ranks by its seeded random order instead, so the caps keep a random subset.
 
 Nothing disappears silently: `selection_log` holds one row per (turn, set) with kept and the reason a
-row was dropped (not_profiled / turn_missing / below_min_k / zero_variance / too_easy /
+row was dropped (not_profiled / turn_missing / below_min_k / action_kind_excluded / zero_variance / too_easy /
 over_trajectory_cap / over_domain_quota / not_sampled).
 """
 
@@ -32,6 +33,7 @@ REJECT_REASONS = (
     "not_profiled",
     "turn_missing",
     "below_min_k",
+    "action_kind_excluded",
     "zero_variance",
     "too_easy",
     "over_trajectory_cap",
@@ -56,7 +58,7 @@ def select_pivots(profiles: pl.DataFrame, turns: pl.DataFrame, options: PivotsSe
     _check_inputs(profiles, turns)
     log: list[pl.DataFrame] = []
     profiled = _join_turns(profiles, turns, log)
-    candidates = _apply_min_k(profiled, options.min_k, log)
+    candidates = _apply_action_kinds(_apply_min_k(profiled, options.min_k, log), options.action_kinds, log)
 
     mixed_pool = _reject(candidates, pl.col("reward_var") > 0, "zero_variance", "mixed", log)
     mixed = _cap_and_rank(_rank_by_difficulty(mixed_pool), options, "mixed", log)
@@ -140,9 +142,20 @@ def _join_turns(profiles: pl.DataFrame, turns: pl.DataFrame, log: list[pl.DataFr
 def _apply_min_k(profiled: pl.DataFrame, min_k: int | None, log: list[pl.DataFrame]) -> pl.DataFrame:
     if min_k is None:
         return profiled
+    return _reject_for_every_set(profiled, pl.col("k") >= min_k, "below_min_k", log)
+
+
+def _apply_action_kinds(profiled: pl.DataFrame, kinds: list[str] | None, log: list[pl.DataFrame]) -> pl.DataFrame:
+    """Keep only turns whose expert action is of the listed kinds (e.g. no replies without a judge)."""
+    if kinds is None:
+        return profiled
+    return _reject_for_every_set(profiled, pl.col("action_kind").is_in(kinds), "action_kind_excluded", log)
+
+
+def _reject_for_every_set(frame: pl.DataFrame, keep: pl.Expr, reason: str, log: list[pl.DataFrame]) -> pl.DataFrame:
     for pivot_set in PIVOT_SETS:
-        _reject(profiled, pl.col("k") >= min_k, "below_min_k", pivot_set, log)
-    return profiled.filter(pl.col("k") >= min_k)
+        _reject(frame, keep, reason, pivot_set, log)
+    return frame.filter(keep.fill_null(False))
 
 
 def _reject(frame: pl.DataFrame, keep: pl.Expr, reason: str, pivot_set: str, log: list[pl.DataFrame]) -> pl.DataFrame:

@@ -213,3 +213,21 @@ def test_sql_statistics_count_every_turn(sql_world):
     per_trajectory = {r["trajectory_id"]: r for r in rows(con, "select * from pivots_per_trajectory")}
     assert per_trajectory["trajA"]["mixed_pivots"] == 2 and per_trajectory["trajA"]["turns"] == 4
     assert sum(r["cand_pivots"] for r in per_trajectory.values()) == funnel_counts(result)["cand"]
+
+
+def test_action_kinds_keeps_replies_out_of_every_set_with_a_reason():
+    """pivots.action_kinds: users without a judge keep message turns out of the pivot sets; nothing is lost."""
+    profiles, turns = make_tables()
+    replies = {tid("trajA", 2), tid("trajB", 4)}  # two mixed, hard turns become replies
+    turns = turns.with_columns(
+        pl.when(pl.col("turn_id").is_in(sorted(replies))).then(pl.lit("message")).otherwise(pl.col("action_kind"))
+        .alias("action_kind"))
+    kinds = dict(zip(turns["turn_id"], turns["action_kind"]))
+    assert set(select_pivots(profiles, turns)["pivots_adv"]["turn_id"]) >= replies
+    result = select_pivots(profiles, turns, PivotsSection(action_kinds=["tool_call", "tool_call_batch"]))
+    for table in ("pivots_mixed", "pivots_adv", "pivots_cand"):
+        assert "message" not in set(result[table]["action_kind"])
+    log = result["selection_log"].filter(pl.col("reason") == "action_kind_excluded")
+    excluded = {t for t, k in kinds.items() if k == "message" and t in set(profiles["turn_id"])}
+    for pivot_set in ("mixed", "adv", "cand"):
+        assert set(log.filter(pl.col("set") == pivot_set)["turn_id"]) == excluded

@@ -1,0 +1,76 @@
+"""The training stage through Dagster: sft_policy -> grpo_run -> pivot_eval on a tiny config.
+
+A graded, fact-blind string verifier gives every profiled turn a continuous reward, so the tiny warm-up
+policy yields pivots; the point here is the wiring: the configured backend, dtype and device reach
+evaluation (the policies are sampled and probed with them), and a second run trains nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pivot_assets.cli import main as pivot
+
+CONFIG = """
+warehouse: ./wh
+sample: {n_trajectories: 8, seed: 3}
+sft: {steps: 2, batch_size: 2, max_length: 1024}
+policy: {backend: transformers, model: sft, k: 2, max_new_tokens: 12, dtype: bfloat16, device: cpu}
+verifier:
+  default: {name: string_similarity, graded: true, facts: ignore}
+pivots: {lambda_diff: 0.95}
+training: {set: adv, init: sft, steps: 1, num_generations: 2, max_completion_length: 8, eval_fraction: 0.5,
+           eval_k: 2}
+"""
+
+
+@pytest.mark.slow
+def test_sft_grpo_eval_materialize_and_evaluation_uses_the_configured_engine(tmp_path, monkeypatch,
+                                                                             embedded_model_dir, capsys):
+    import pivot_assets.policies.factory as factory
+    import pivot_assets.policies.models as models
+
+    engines, loads = [], []
+    real_build, real_load = factory.build_backend, models.load_model
+
+    def spy_build(policy, *, model=None):
+        engines.append((factory.policy_section(policy).backend, factory.policy_section(policy).dtype,
+                        factory.policy_section(policy).device, model))
+        return real_build(policy, model=model)
+
+    def spy_load(model="embedded", dtype="float32", device="cpu"):
+        loads.append((str(model), dtype, device))
+        return real_load(model, dtype=dtype, device=device)
+
+    monkeypatch.setattr(factory, "build_backend", spy_build)
+    monkeypatch.setattr(models, "load_model", spy_load)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pivot.yaml").write_text(CONFIG)
+
+    assert pivot(["run"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr()
+    assert "materialized" in out.out and "pivot_eval" in out.out
+
+    import duckdb
+
+    con = duckdb.connect(str(tmp_path / "wh" / "pivot.duckdb"), read_only=True)
+    rows = con.sql("select policy, backend, dtype, device, n_pivots, k from pivot_eval order by policy").fetchall()
+    assert [r[0] for r in rows] == ["grpo", "reference", "sft"]
+    assert {r[1:4] for r in rows} == {("transformers", "bfloat16", "cpu")}
+    assert all(r[5] == 2 for r in rows)
+    # what really ran: the evaluation engines and the OOD probe's model loads used the configured engine
+    eval_engines = [e for e in engines if e[3] and ("grpo_policy" in e[3] or e[3] == "embedded")]
+    assert eval_engines and {e[:3] for e in eval_engines} == {("transformers", "bfloat16", "cpu")}
+    probe_loads = [ld for ld in loads if ld[1] == "bfloat16"]
+    assert {ld[0].rsplit("/", 1)[-1] for ld in probe_loads} >= {"grpo_policy", "sft_policy"}
+    steps = con.sql("select count(*) from grpo_steps").fetchone()[0]
+    assert steps == 1
+    con.close()
+
+    # A second run reuses every model and evaluation row: nothing is trained or sampled again.
+    engines.clear()
+    assert pivot(["run", "--select", "sft_policy,grpo_run,pivot_eval"]) == 0
+    err = capsys.readouterr().err
+    assert "not retraining" in err or engines == []
+    assert engines == []
