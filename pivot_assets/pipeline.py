@@ -12,6 +12,7 @@ import os
 import dagster as dg
 
 from pivot_assets.core.config import PivotConfig, load_config
+from pivot_assets.core.ids import canonical_json, short_hash
 
 
 def stage_builders():
@@ -34,4 +35,26 @@ def build_definitions(config: str | os.PathLike | PivotConfig | None = None) -> 
             (checks if isinstance(d, dg.AssetChecksDefinition) else assets).append(d)
     # One process per run: the stages share one DuckDB file (a single writer) and the CPU box's memory;
     # a multiprocess executor would race on pivot.duckdb and load several models at once.
-    return dg.Definitions(assets=assets, asset_checks=checks, jobs=build_jobs(), executor=dg.in_process_executor)
+    return dg.Definitions(assets=chain_code_versions(assets), asset_checks=checks, jobs=build_jobs(),
+                          executor=dg.in_process_executor)
+
+
+def chain_code_versions(assets: list) -> list:
+    """Each asset's code version also covers its parents' chained versions.
+
+    Dagster marks as unsynced only the asset whose own code version changed (after a verifier change, just
+    rollout_rewards), while everything below it will change too. Chained versions make the UI show the whole
+    chain as "new code version" right after a reload, so one "Materialize unsynced" reruns exactly that
+    chain in one run, each asset once, in graph order: the rule `pivot stale` applies.
+    """
+    specs = {spec.key: spec for a in assets for spec in a.specs}
+    chained: dict[dg.AssetKey, str] = {}
+
+    def version(key: dg.AssetKey) -> str:
+        if key not in chained:
+            spec = specs[key]
+            parents = sorted((d.asset_key for d in spec.deps if d.asset_key in specs), key=lambda k: k.to_user_string())
+            chained[key] = short_hash(canonical_json([spec.code_version, [version(p) for p in parents]]))
+        return chained[key]
+
+    return list(dg.map_asset_specs(lambda spec: spec.replace_attributes(code_version=version(spec.key)), assets))
