@@ -80,3 +80,23 @@ def timed():
         yield out
     finally:
         out["seconds"] = time.perf_counter() - t0
+
+
+def number_table(rows: dict[str, float | int], name: str = "stage", value: str = "turns") -> dg.MetadataValue:
+    """A two-column table for the UI (a funnel, counts by reason), numbers typed, not strings."""
+    return dg.MetadataValue.table(
+        [dg.TableRecord({name: k, value: v}) for k, v in rows.items()],
+        schema=dg.TableSchema([dg.TableColumn(name, "string"),
+                               dg.TableColumn(value, "int" if all(isinstance(v, int) for v in rows.values()) else "float")]),
+    )
+
+
+def reused_figures(context: dg.AssetExecutionContext, keys: tuple[str, ...]) -> dict:
+    """The figures of the work a cached rerun reused (from this asset's last materialization), marked as such,
+    so a rerun that computes nothing keeps showing what that work cost instead of zeros."""
+    event = context.instance.get_latest_materialization_event(context.asset_key)
+    meta = event.asset_materialization.metadata if event and event.asset_materialization else {}
+    out = {k: meta[k] for k in keys if k in meta}
+    if out:
+        out["reused_from_run"] = dg.MetadataValue.text(event.run_id)
+    return out

@@ -33,6 +33,18 @@ def histogram_png(values: list[float], *, bins: int = 10, title: str, xlabel: st
     return _png(plt, fig)
 
 
+def bars_png(labels: list[str], values: list[float], *, title: str, ylabel: str) -> bytes:
+    """One bar per label, its value written on top (the pivot funnel)."""
+    plt, (fig, ax) = _figure()
+    bars = ax.bar(labels, values, color="#4c72b0")
+    for bar, value in zip(bars, values):
+        ax.annotate(f"{value:g}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
+                    fontsize=8)
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    return _png(plt, fig)
+
+
 def lines_png(series: dict[str, list[tuple[float, float]]], *, title: str, xlabel: str = "step") -> bytes:
     """One line per named series of (x, y) points."""
     plt, (fig, ax) = _figure()

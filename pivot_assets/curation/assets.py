@@ -6,11 +6,11 @@ import dagster as dg
 from pivot_assets.core.catalog import BLOCKING_TABLES, CONTRACT_TABLES, PIVOT_TABLES, SELECTION_LOG, SET_TABLES
 from pivot_assets.core.config import PivotConfig
 from pivot_assets.core.ids import canonical_json, short_hash
-from pivot_assets.core.plots import histogram_png, markdown_image, save_png
+from pivot_assets.core.plots import bars_png, markdown_image, save_png
 from pivot_assets.core.warehouse import Warehouse
-from pivot_assets.resources import publish
+from pivot_assets.resources import number_table, publish
 
-from .operations import check_table, contract_params, export_set, pass_rates, select_and_write
+from .operations import check_table, contract_params, export_set, select_and_write
 
 GROUP = __package__.rsplit(".", 1)[-1]
 CONTRACT_CHECK = "data_contract"
@@ -24,10 +24,11 @@ PIVOT_SET_DOCS = {
 }
 
 
-def pass_rate_plot(wh: Warehouse) -> str:
-    png = histogram_png(pass_rates(wh), title="turn_profiles: reference pass rate per turn", xlabel="reward_mean")
-    save_png(png, wh.root / "plots" / "turn_profiles_pass_rate.png")
-    return markdown_image(png, "pass-rate histogram")
+def funnel_plot(wh: Warehouse, funnel: dict[str, int]) -> str:
+    png = bars_png(list(funnel), list(funnel.values()), title="pivot funnel: turns kept at each stage",
+                   ylabel="turns")
+    save_png(png, wh.root / "plots" / "pivot_funnel.png")
+    return markdown_image(png, "pivot funnel")
 
 
 def build_pivot_sets_asset(cfg: PivotConfig):
@@ -43,12 +44,13 @@ def build_pivot_sets_asset(cfg: PivotConfig):
     )
     def pivot_sets(context: dg.AssetExecutionContext):
         wh = Warehouse(cfg.warehouse_dir)
-        funnel = {f"funnel/{stage}": n for stage, n in select_and_write(wh, cfg.pivots).items()}
-        context.log.info(f"pivot sets: {funnel}")
-        plot = dg.MetadataValue.md(pass_rate_plot(wh))
+        funnel = select_and_write(wh, cfg.pivots)
+        context.log.info("pivot funnel: " + ", ".join(f"{stage} {n}" for stage, n in funnel.items()))
+        meta = {"funnel": number_table(funnel), "funnel_plot": dg.MetadataValue.md(funnel_plot(wh, funnel)),
+                **{f"funnel/{stage}": n for stage, n in funnel.items()}}
         for table in PIVOT_TABLES:
-            yield publish(wh, table, {**funnel, "pass_rate_histogram": plot})
-        yield publish(wh, SELECTION_LOG, funnel, preview=False)
+            yield publish(wh, table, meta)
+        yield publish(wh, SELECTION_LOG, meta, preview=False)
 
     return pivot_sets
 

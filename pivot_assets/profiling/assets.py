@@ -8,14 +8,23 @@ verifier fingerprint, so a verifier change makes scoring and everything downstre
 import dagster as dg
 
 from pivot_assets.core.config import PivotConfig
+from pivot_assets.core.plots import histogram_png, markdown_image, save_png
 from pivot_assets.core.warehouse import Warehouse
-from pivot_assets.resources import publish, timed
+from pivot_assets.resources import number_table, publish, reused_figures, timed
 from pivot_assets.verifiers import DomainVerifiers
 
 from .profiler import SFT_MODEL, Profiler, policy_version
 
 GROUP = __package__.rsplit(".", 1)[-1]
 PROFILES_VERSION = "1"
+# What generation cost: a cached rerun shows the figures of the run that did the work, marked as reused.
+GENERATION_FIGURES = ("generation_s", "generated_tokens", "tokens_per_s", "rollouts_generated", "wall_s")
+
+
+def pass_rate_plot(wh: Warehouse, reward_means: list[float]) -> str:
+    png = histogram_png(reward_means, title="turn_profiles: reference pass rate per turn", xlabel="reward_mean")
+    save_png(png, wh.root / "plots" / "turn_profiles_pass_rate.png")
+    return markdown_image(png, "pass-rate histogram")
 
 
 def build_assets(cfg: PivotConfig) -> list:
@@ -31,8 +40,12 @@ def build_assets(cfg: PivotConfig) -> list:
         p = profiler()
         with timed() as t:
             stats = p.generate(context.log.info)
-        return publish(p.wh, "rollouts", {"wall_s": round(t["seconds"], 2),
-                                          **{k: v for k, v in stats.items() if isinstance(v, (int, float, str))}})
+        meta = {"wall_s": round(t["seconds"], 1), **{k: _rounded(v) for k, v in stats.items()
+                                                    if isinstance(v, (int, float, str))}}
+        if not stats["turns_generated"]:
+            meta.update({k: v for k, v in reused_figures(context, GENERATION_FIGURES).items()})
+            meta["cached"] = True
+        return publish(p.wh, "rollouts", meta)
 
     @dg.asset(deps=["rollouts"], group_name=GROUP, code_version=verifiers.fingerprint, kinds={"parquet"})
     def rollout_rewards(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
@@ -42,7 +55,7 @@ def build_assets(cfg: PivotConfig) -> list:
         context.log.info(f"scored {stats['rollouts_scored']} rollouts with verifier {stats['verifier_fp']}")
         return publish(p.wh, "rollout_rewards", {
             "verifier_fp": stats["verifier_fp"], "rollouts_scored": stats["rollouts_scored"],
-            "scores_per_s": stats["scores_per_s"], "reasons": dg.MetadataValue.json(stats["reasons"]),
+            "scores_per_s": stats["scores_per_s"], "reasons": number_table(stats["reasons"], "reason", "rollouts"),
         })
 
     @dg.asset(deps=["rollout_rewards"], group_name=GROUP, code_version=PROFILES_VERSION, kinds={"parquet", "duckdb"})
@@ -52,7 +65,13 @@ def build_assets(cfg: PivotConfig) -> list:
         table = p.profile()
         p.wh.write_table("turn_profiles", table)
         mixed = sum(1 for v in table.column("reward_var").to_pylist() if v and v > 0)
-        return publish(p.wh, "turn_profiles",
-                       {"turns": table.num_rows, "mixed_turns": mixed, "zero_variance_turns": table.num_rows - mixed})
+        plot = pass_rate_plot(p.wh, table.column("reward_mean").to_pylist())
+        return publish(p.wh, "turn_profiles", {
+            "turns": table.num_rows, "mixed_turns": mixed, "zero_variance_turns": table.num_rows - mixed,
+            "pass_rate_histogram": dg.MetadataValue.md(plot)})
 
     return [rollouts, rollout_rewards, turn_profiles]
+
+
+def _rounded(value):
+    return round(value, 2) if isinstance(value, float) else value
