@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextmanager
+def dagster_dev(env: dict, port: int):
+    """`dagster dev` on the repo's workspace.yaml on 127.0.0.1:port, stopped (SIGINT, then SIGKILL) on exit."""
+    proc = subprocess.Popen(
+        ["env", "--default-signal=INT,TERM", str(VENV_BIN / "dagster"), "dev", "-w", "workspace.yaml",
+         "-h", "127.0.0.1", "-p", str(port)],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        yield proc
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def test_run_launched_through_the_webserver(tmp_path):
     from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
 
@@ -32,12 +51,7 @@ def test_run_launched_through_the_webserver(tmp_path):
     config.write_text("warehouse: ./wh\nsample: {n_trajectories: 4, seed: 1}\n")
     port = free_port()
     env = {**os.environ, "DAGSTER_HOME": str(home), "PIVOT_CONFIG": str(config), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(
-        ["env", "--default-signal=INT,TERM", str(VENV_BIN / "dagster"), "dev", "-w", "workspace.yaml",
-         "-h", "127.0.0.1", "-p", str(port)],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
-    try:
+    with dagster_dev(env, port):
         client = None
         deadline = time.time() + 180
         while time.time() < deadline:
@@ -62,9 +76,3 @@ def test_run_launched_through_the_webserver(tmp_path):
         assert con.sql("select count(*) from trajectories").fetchone()[0] == 4
         assert con.sql("select count(*) from turns").fetchone()[0] > 4
         con.close()
-    finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)

@@ -6,7 +6,6 @@ launchPipelineExecution on the implicit asset job with the stale keys.
 """
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests.pipeline.test_ui import REPO, free_port
+from tests.pipeline.test_ui import dagster_dev, free_port
 
 VENV_BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.slow
@@ -78,11 +77,7 @@ def test_one_launch_of_the_unsynced_assets_reruns_the_stale_chain_once(tmp_path,
     rollouts_before = _rollouts(tmp_path / "wh")
 
     port = free_port()
-    proc = subprocess.Popen(
-        ["env", "--default-signal=INT,TERM", str(VENV_BIN / "dagster"), "dev", "-w", "workspace.yaml",
-         "-h", "127.0.0.1", "-p", str(port)],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
+    with dagster_dev(env, port):
         client = DagsterGraphQLClient("127.0.0.1", port_number=port, timeout=60)
         deadline = time.time() + 180
         while True:
@@ -119,9 +114,3 @@ def test_one_launch_of_the_unsynced_assets_reruns_the_stale_chain_once(tmp_path,
         assert _rollouts(tmp_path / "wh") == rollouts_before  # nothing generated
         final = _stale_status(client)
         assert {k for k, v in final.items() if v == "STALE"} == set(), final
-    finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
