@@ -1,10 +1,14 @@
-"""Jobs over the asset graph: the whole pipeline, and one job per phase for partial reruns."""
+"""Jobs over the asset graph: the whole pipeline, one job per phase for partial reruns, and the ablation."""
 
 from __future__ import annotations
 
 import dagster as dg
 
 PIPELINE_JOB = "pivot_pipeline"
+ABLATION_JOB = "ablation_job"
+# The ablation asset carries this tag (training/assets.py ABLATION_TAGS); it exists only in a config with an
+# `ablation:` section, so the selections below are empty (and the ablation never runs) without one.
+ABLATION_TAG = ("pivot/stage", "ablation")
 
 # Each phase is a group of assets (group_name on every asset definition).
 PHASE_GROUPS = {
@@ -16,13 +20,18 @@ PHASE_GROUPS = {
 
 
 def build_jobs() -> list[dg.UnresolvedAssetJobDefinition]:
+    ablation = dg.AssetSelection.tag(*ABLATION_TAG)
     jobs = [
         dg.define_asset_job(
             PIPELINE_JOB,
-            selection=dg.AssetSelection.all(),
+            selection=dg.AssetSelection.all() - ablation,
             description="Everything: trajectories -> turns -> profiles -> pivot sets -> training and eval.",
         )
     ]
     for name, group in PHASE_GROUPS.items():
-        jobs.append(dg.define_asset_job(name, selection=dg.AssetSelection.groups(group)))
+        jobs.append(dg.define_asset_job(name, selection=dg.AssetSelection.groups(group) - ablation))
+    jobs.append(dg.define_asset_job(
+        ABLATION_JOB, selection=ablation.upstream().required_multi_asset_neighbors(),
+        description="The ablation (GRPO on D_adv / D_cand / D_mixed, exact-match reward, same-data SFT) and "
+                    "everything it needs; completion markers skip what is already trained."))
     return jobs

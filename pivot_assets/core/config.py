@@ -74,6 +74,37 @@ class TrainingSection(_Strict):
     seed: int = 0
     dtype: Dtype = "auto"  # GRPO training precision; auto: bf16 autocast only where native
     grpo: dict[str, Any] = Field(default_factory=dict)
+    # GRPO's reward verifier (the shape of the top-level `verifier:` section); null: the profiling verifier.
+    reward_verifier: dict[str, Any] | None = None
+    # -- evaluation only (never retrains; training/runs.EVAL_ONLY) --
+    # Evaluation draws are seeded per turn by seeded_int("pivot-eval", eval_seed) (training/runs.eval_seed),
+    # a stream apart from profiling's policy.seed, and the same for every policy evaluated.
+    eval_seed: int = 0
+    eval_max_turns: int | None = Field(None, ge=1)  # cap on held-out profiled turns evaluated (seeded hash order)
+    bootstrap: int = Field(1000, ge=100)  # bootstrap resamples (over turns / probe items) for the 95% intervals
+    ood_probe: str | None = None  # JSONL file or HF dataset dir of {prompt, answer, kind}; null: the built-in probe
+    ood_max_items: int | None = Field(None, ge=1)  # evaluate the first N probe items (seeded order); null: all
+
+    @field_validator("reward_verifier")
+    @classmethod
+    def _reward_verifier_shape(cls, v):
+        if v is not None and set(v) - {"default", "domains"}:
+            raise ValueError(f"unknown key {sorted(set(v) - {'default', 'domains'})[0]!r} (expected 'default' or 'domains')")
+        return v
+
+
+ARMS = ("grpo_adv", "grpo_cand", "grpo_mixed", "grpo_adv_exact", "sft_same_data")
+
+
+class AblationSection(_Strict):
+    """The paper's ablation (training/ablation.py): every arm from one init with one update budget."""
+
+    arms: list[Literal["grpo_adv", "grpo_cand", "grpo_mixed", "grpo_adv_exact", "sft_same_data"]] = Field(
+        default_factory=lambda: list(ARMS))
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)  # each arm is trained once per seed
+    steps: int | None = Field(None, ge=1)  # optimizer steps per arm; null: training.steps (CPU cap: 8 GRPO steps)
+    exact_verifier: dict[str, Any] = Field(default_factory=lambda: {"default": {"name": "exact"}})
+    sft_learning_rate: float | None = Field(None, gt=0)  # the same-data SFT arm; null: sft.learning_rate
 
 
 class SFTSection(_Strict):
@@ -83,6 +114,10 @@ class SFTSection(_Strict):
     max_length: int = Field(1024, ge=16)
     dtype: Dtype = "auto"  # bf16 autocast only where native (core/hardware.py)
     seed: int = 0
+    # What one example is: `trajectory` (the whole conversation, its start kept), `turn` (one turn's state, cut
+    # from the left to fit, + its expert action), or `auto` (the whole trajectory when it fits in max_length,
+    # else one example per turn).
+    examples: Literal["auto", "trajectory", "turn"] = "auto"
 
 
 class RuntimeSection(_Strict):
@@ -115,6 +150,7 @@ class PivotConfig(_Strict):
     training: TrainingSection = Field(default_factory=TrainingSection)
     sft: SFTSection = Field(default_factory=SFTSection)
     runtime: RuntimeSection = Field(default_factory=RuntimeSection)
+    ablation: AblationSection | None = None  # present: the ablation_results asset and `ablation_job` run it
     # Directory the relative paths above are resolved against (the config file's folder).
     base_dir: str = "."
 

@@ -14,7 +14,7 @@ from pivot_assets.core.warehouse import Warehouse
 from pivot_assets.resources import publish
 from pivot_assets.verifiers import DomainVerifiers
 
-from .evaluation import evaluate_policies, fmt_accuracy
+from .evaluation import eval_table, evaluate_policies
 from .grpo import run_local_grpo
 from .runs import sft_identity, training_identity
 from .sft import train_sft_policy
@@ -79,27 +79,97 @@ def build_grpo_asset(cfg: PivotConfig, verifiers: DomainVerifiers):
     return grpo_run
 
 
-def build_eval_asset(cfg: PivotConfig, verifiers: DomainVerifiers):
-    init_deps = ["sft_policy"] if cfg.training.init == "sft" else []
+def eval_deps(cfg: PivotConfig) -> list[str]:
+    """What evaluation reads: the fixed evaluation sets (profiles, D_mixed, D_adv) and the reference model."""
+    models = ["sft_policy"] if "sft" in (cfg.training.init, cfg.policy.model) else []
+    return ["turns", "turn_profiles", "pivots_mixed", "pivots_adv", *models]
 
-    @dg.asset(deps=["grpo_run", SET_TABLES[cfg.training.set], *init_deps], group_name=GROUP, kinds={"duckdb"},
-              code_version=short_hash(canonical_json([cfg.training.eval_k, cfg.training.max_completion_length])))
+
+def eval_identity(cfg: PivotConfig) -> list:
+    """pivot_eval's code version: the evaluation-only keys (and what the split and sampling depend on)."""
+    from .runs import EVAL_ONLY
+
+    return [{k: getattr(cfg.training, k) for k in EVAL_ONLY}, cfg.training.max_completion_length,
+            cfg.training.eval_fraction, cfg.training.seed]
+
+
+def comparison_markdown(rows: list[dict]) -> str:
+    from .evaluation import fmt_interval
+
+    head = "| policy | set | n | accuracy [95% CI] | Δ vs reference [95% CI] |\n|---|---|---|---|---|"
+    return "\n".join([head] + [f"| {r['policy']} | {r['eval_set']} | {r['n']} | {fmt_interval(r)} | "
+                               f"{fmt_interval(r, 'delta')} |" for r in rows])
+
+
+def build_eval_asset(cfg: PivotConfig, verifiers: DomainVerifiers):
+    @dg.asset(deps=["grpo_run", *eval_deps(cfg)], group_name=GROUP, kinds={"duckdb"},
+              code_version=short_hash(canonical_json(eval_identity(cfg))))
     def pivot_eval(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        """Local accuracy (mean verifier reward over K samples) on held-out pivots and OOD-probe accuracy,
-        for the reference, SFT and GRPO policies side by side."""
+        """Local accuracy (mean verifier reward over eval_k fresh samples, evaluation seeds apart from profiling's)
+        on fixed held-out sets (all profiled turns, D_mixed, D_adv) and OOD-probe accuracy, for the base model,
+        the reference (the policy that profiled), the SFT warm-up and the GRPO policy: 95% bootstrap intervals
+        and paired differences against the reference."""
         wh = Warehouse(cfg.warehouse_dir)
         rows = evaluate_policies(wh, cfg, verifiers, context.log.info)
-        wh.write_table("pivot_eval", pa.Table.from_pylist(rows))
-        table = "\n".join(
-            ["| policy | n_pivots | k | local_accuracy | ood_accuracy |", "|---|---|---|---|---|"]
-            + [f"| {r['policy']} | {r['n_pivots']} | {r['k']} | {fmt_accuracy(r['local_accuracy'])} | "
-               f"{fmt_accuracy(r['ood_accuracy'])} |" for r in rows]
-        )
-        return publish(wh, "pivot_eval", {"comparison": dg.MetadataValue.md(table)}, preview=False)
+        wh.write_table("pivot_eval", eval_table(rows))
+        return publish(wh, "pivot_eval", {"comparison": dg.MetadataValue.md(comparison_markdown(rows))},
+                       preview=False)
 
     return pivot_eval
 
 
+ABLATION_TAGS = {"pivot/stage": "ablation"}  # pivot_jobs selects ablation_job by this tag
+
+
+def build_ablation_asset(cfg: PivotConfig, verifiers: DomainVerifiers):
+    from .runs import ARM_SPECS
+
+    sets = sorted({SET_TABLES[ARM_SPECS[a][1]] for a in cfg.ablation.arms})
+    init_deps = ["sft_policy"] if "sft" in (cfg.training.init, cfg.policy.model) else []
+    identity = {"ablation": cfg.ablation.model_dump(), "training": training_identity(cfg), "sft": sft_identity(cfg),
+                "eval": eval_identity(cfg)}
+
+    @dg.asset(deps=sorted({"trajectories", *sets, *eval_deps(cfg), *init_deps}), group_name=GROUP,
+              kinds={"pytorch", "duckdb"}, tags=ABLATION_TAGS, code_version=short_hash(canonical_json(identity)))
+    def ablation_results(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        """The paper's ablation: GRPO on D_adv / D_cand / D_mixed, GRPO on D_adv with the exact-match reward and
+        same-data SFT, from one init with one update budget, once per ablation seed; evaluated with the base
+        model and the reference on fixed held-out sets with fresh draws: 95% intervals, paired differences."""
+        from .ablation import ablation_markdown, run_ablation
+
+        wh = Warehouse(cfg.warehouse_dir)
+        result = run_ablation(wh, cfg, verifiers, context.log.info)
+        rows = result["rows"]
+        wh.write_table("ablation_results", eval_table(rows, extra=(("train_s", "float64"),)))
+        wh.write_table("ablation_runs", pa.Table.from_pylist(result["runs"]))
+        if result["steps"]:
+            wh.write_table("ablation_steps", pa.Table.from_pylist(result["steps"]))
+        plot = intervals_plot(wh, rows)
+        runs = {f"{r['arm']}/s{r['seed']}": r["train_s"] for r in result["runs"]}
+        return publish(wh, "ablation_results", {
+            "table_adv": dg.MetadataValue.md(ablation_markdown(rows, "adv")),
+            "table_profiled": dg.MetadataValue.md(ablation_markdown(rows, "profiled")),
+            "intervals": dg.MetadataValue.md(plot), "eval_key": result["eval_key"],
+            "train_seconds": dg.MetadataValue.json(runs), "eval_s": result["eval_s"], "wall_s": result["wall_s"],
+        }, preview=False)
+
+    return ablation_results
+
+
+def intervals_plot(wh: Warehouse, rows: list[dict]) -> str:
+    """Accuracy with its 95% interval per policy, on D_adv and the OOD probe (a PNG on the asset)."""
+    from .ablation import intervals_png
+
+    series = {s: [(r["policy"], r["accuracy"], r["ci_low"], r["ci_high"]) for r in rows if r["eval_set"] == s]
+              for s in ("adv", "profiled", "ood")}
+    png = intervals_png(series, title="ablation: accuracy with 95% bootstrap intervals")
+    save_png(png, wh.root / "plots" / "ablation_results.png")
+    return markdown_image(png, "ablation_results")
+
+
 def build_assets(cfg: PivotConfig) -> list:
     verifiers = DomainVerifiers(cfg.verifier)
-    return [build_sft_asset(cfg), build_grpo_asset(cfg, verifiers), build_eval_asset(cfg, verifiers)]
+    assets = [build_sft_asset(cfg), build_grpo_asset(cfg, verifiers), build_eval_asset(cfg, verifiers)]
+    if cfg.ablation is not None:  # only a config with an `ablation:` section has the (long) ablation asset
+        assets.append(build_ablation_asset(cfg, verifiers))
+    return assets

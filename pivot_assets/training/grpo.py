@@ -59,8 +59,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Bounds applied when run_grpo(cpu_smoke=True): the smoke run must finish in minutes on 2 cores.
-CPU_SMOKE_CAPS = {"steps": 8, "num_generations": 4, "max_completion_length": 48}
+from .runs import CPU_SMOKE_CAPS  # noqa: E402  (bounds of run_grpo(cpu_smoke=True))
 
 
 
@@ -259,12 +258,14 @@ class _StepTimer:
 
 def run_grpo(model_dir: str, train_dataset, domain_verifiers, options: "TrainingSection",
              out_dir: str | os.PathLike, *, cpu_smoke: bool, precision: Precision,
-             on_step: Callable[[dict], None] | None = None, threads: int | str = "auto") -> GRPOResult:
+             on_step: Callable[[dict], None] | None = None, threads: int | str = "auto",
+             held_out: set[str] | None = None) -> GRPOResult:
     """Train with TRL's GRPOTrainer on the pivot export; save the final model (HF dir) to out_dir.
 
     `train_dataset` is the pivot HF export (columns prompt, tools, expert_action, turn_id,
-    trajectory_id, domain, ...); rows of held-out trajectories (split_by_trajectory with
-    options.eval_fraction) are removed here, so callers may pass the whole export.
+    trajectory_id, domain, ...); rows of held-out trajectories are removed here, so callers may pass the whole
+    export. `held_out`: the warehouse's split (split.held_out_trajectories: whole source conversations); None:
+    each trajectory its own group (split_by_trajectory with options.eval_fraction and options.seed).
     """
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -274,7 +275,9 @@ def run_grpo(model_dir: str, train_dataset, domain_verifiers, options: "Training
     from .sft import save_model_atomic
     from .split import split_by_trajectory
 
-    held_out = split_by_trajectory(train_dataset["trajectory_id"], options.eval_fraction, options.seed)
+    if held_out is None:
+        held_out = split_by_trajectory(train_dataset["trajectory_id"], options.eval_fraction, options.seed)
+    held_out = set(held_out) & set(train_dataset["trajectory_id"])
     configure_torch(threads)
     model, tokenizer = load_model(model_dir, dtype="float32", device="cpu")
     dataset = _text_prompt_dataset(train_dataset, tokenizer, held_out)
@@ -316,6 +319,12 @@ def run_local_grpo(wh: "Warehouse", cfg: "PivotConfig", verifiers, log: Callable
 
     from .runs import GRPO_DIR, grpo_key, has_cuda, init_model, is_done, write_marker
 
+    from pivot_assets.verifiers import DomainVerifiers
+
+    from .split import held_out_trajectories
+
+    if cfg.training.reward_verifier is not None:  # a training reward apart from the profiling verifier
+        verifiers = DomainVerifiers(cfg.training.reward_verifier)
     out, key = wh.model_dir(GRPO_DIR), grpo_key(wh, cfg, verifiers.fingerprint)
     precision = resolve_dtype(cfg.training.dtype, "cuda" if has_cuda() else "cpu")
     result = {"key": key, "model_dir": str(out), "precision": precision}
@@ -337,8 +346,9 @@ def run_local_grpo(wh: "Warehouse", cfg: "PivotConfig", verifiers, log: Callable
         progress.update(1, metrics)
 
     t0 = time.perf_counter()
+    held_out = held_out_trajectories(wh, cfg.training.eval_fraction, cfg.training.seed)
     run = run_grpo(init_model(wh, cfg), dataset, verifiers, cfg.training, out, cpu_smoke=cpu_smoke,
-                   precision=precision, on_step=on_step, threads=cfg.runtime.threads)
+                   precision=precision, on_step=on_step, threads=cfg.runtime.threads, held_out=held_out)
     wh.write_table("grpo_steps", pa.Table.from_pylist([{**r, "run_key": key} for r in run.steps]))
     wh.write_table("grpo_completions", pa.Table.from_pylist(
         [{**{k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in r.items()}, "run_key": key}

@@ -1,10 +1,12 @@
-"""The out-of-domain probe (issue 7): does agentic training cost the policy its general skills?
+"""The out-of-domain probe: does agentic training cost the policy its general skills?
 
-The paper's retention question at small scale: a fixed, project-generated set of non-agentic prompts
-(arithmetic, letter and word manipulation, short facts) with checkable answers, asked with the same
-chat template as every other stage (one user turn, no tools), answered greedily. The set was chosen
-so the base embedded model (SmolLM2-135M-Instruct) gets a good share right zero-shot (measured:
-see OOD_BASELINE below), leaving room both to lose and to gain.
+The paper's retention question at small scale: a fixed, project-generated set of non-agentic prompts with
+checkable answers, asked with the same chat template as every other stage (one user turn, no tools),
+answered greedily, scored deterministically. The built-in probe (`ood_probe_items()`, generated in code, no
+download) has 400+ items of two families: arithmetic over a grid of operands (plus, minus, times) and letter /
+word manipulation over a fixed word list (first and last letter, letter count, uppercase, reversal), plus the
+original hand-written facts. Bring your own with `training.ood_probe: PATH` (a JSONL file, or a Hugging Face
+dataset saved with save_to_disk) of {"prompt", "answer", "kind"} rows (`load_probe`).
 
 Lenient answer matching (a 135M model answers in sentences, not bare tokens), by item kind:
 - number (arithmetic, counting, numeric facts): the first number in the completion (digits, or a
@@ -33,9 +35,11 @@ CATEGORY_MATCH = {
     "reverse": "word",
     "compose": "word",
     "fact": "word",
+    "exact": "exact",  # user probes: the whole stripped completion equals the answer (case-insensitive)
+    "contains": "word",  # user probes: the answer appears as a whole word (case-insensitive)
 }
 
-# Zero-shot greedy accuracy of the base embedded model on ood_probe_items() (max_new_tokens=20),
+# Zero-shot greedy accuracy of the base embedded model on the 43 hand-written items (max_new_tokens=20),
 # measured on the 2-core dev machine (bench/bench_sft.py --ood; per kind in bench/RESULTS_sft.md).
 OOD_BASELINE = 27 / 43
 
@@ -66,8 +70,93 @@ _FACTS = [  # (question, answer, category)
 _OPS = {"plus": lambda a, b: a + b, "minus": lambda a, b: a - b, "times": lambda a, b: a * b}
 
 
+# The generated families (deterministic grids; no number answer equals a number of its own prompt).
+_PLUS = [(a, b) for b in (4, 9, 16, 23) for a in range(1, 21)]
+_MINUS = [(a, b) for a in (20, 31, 45, 58, 72, 86) for b in (2, 3, 5, 7, 9, 11, 13, 15, 17, 19)]
+_TIMES = [(a, b) for a in range(2, 12) for b in (3, 4, 6, 7, 8, 9)]
+WORD_LIST = ("cat", "dog", "apple", "house", "river", "table", "green", "music", "light", "stone", "paper",
+             "bread", "chair", "cloud", "horse", "lemon", "money", "night", "ocean", "pilot", "queen", "robot",
+             "smile", "tiger", "water", "zebra", "garden", "planet", "window", "yellow", "basket", "candle",
+             "doctor", "forest", "jacket", "kitten", "mirror", "pencil", "rabbit", "summer")
+
+
+def _generated_items() -> list[dict]:
+    items = []
+    for op, grid in (("plus", _PLUS), ("minus", _MINUS), ("times", _TIMES)):
+        for a, b in grid:
+            answer = _OPS[op](a, b)
+            if answer in (a, b):
+                continue  # an echoed operand could never count as the answer
+            items.append({"prompt": f"What is {a} {op} {b}? Answer with just the number.", "answer": str(answer),
+                          "kind": "arithmetic"})
+    for w in WORD_LIST:
+        items.append({"prompt": f"What is the first letter of the word '{w}'?", "answer": w[0], "kind": "letter"})
+        items.append({"prompt": f"What is the last letter of the word '{w}'?", "answer": w[-1], "kind": "letter"})
+        items.append({"prompt": f"How many letters are in the word '{w}'?", "answer": str(len(w)), "kind": "count"})
+        items.append({"prompt": f"Write the word '{w}' in uppercase letters.", "answer": w.upper(), "kind": "uppercase"})
+        items.append({"prompt": f"Reverse the letters of the word '{w}'.", "answer": w[::-1], "kind": "reverse"})
+    return items
+
+
+# item kind -> probe family (intervals are reported over all items; families are for reading the details)
+FAMILY = {"arithmetic": "arithmetic", "count": "words", "letter": "words", "uppercase": "words", "reverse": "words",
+          "compose": "words", "fact": "facts", "fact_number": "facts", "exact": "user", "contains": "user"}
+
+
 def ood_probe_items() -> list[dict]:
-    """The fixed probe set: [{"prompt", "answer", "kind"}] (kind = category, see CATEGORY_MATCH)."""
+    """The built-in probe: the generated families, then the hand-written items, each prompt once:
+    [{"prompt", "answer", "kind"}] (kind = category, see CATEGORY_MATCH)."""
+    seen: set[str] = set()
+    out = []
+    for it in _generated_items() + _handwritten_items():
+        if it["prompt"] not in seen:
+            seen.add(it["prompt"])
+            out.append(it)
+    return out
+
+
+def load_probe(path: str) -> list[dict]:
+    """A user's probe: JSONL (one {"prompt", "answer", "kind"} per line; kind defaults to `exact`) or a
+    Hugging Face dataset dir (datasets.load_from_disk) with those columns. Raises one line on a bad row."""
+    from pathlib import Path
+
+    p = Path(path)
+    if p.is_dir():
+        import datasets
+
+        rows = list(datasets.load_from_disk(str(p)))
+    elif p.is_file():
+        import json
+
+        rows = [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    else:
+        raise ValueError(f"training.ood_probe: no such file or directory: {p}")
+    items = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict) or not row.get("prompt") or row.get("answer") in (None, ""):
+            raise ValueError(f"training.ood_probe: {p} row {i + 1}: needs non-empty 'prompt' and 'answer'")
+        kind = row.get("kind") or "exact"
+        if kind not in CATEGORY_MATCH:
+            raise ValueError(f"training.ood_probe: {p} row {i + 1}: kind {kind!r}: expected one of {sorted(CATEGORY_MATCH)}")
+        items.append({"prompt": str(row["prompt"]), "answer": str(row["answer"]), "kind": kind})
+    if not items:
+        raise ValueError(f"training.ood_probe: {p} has no items")
+    return items
+
+
+def probe_items(path: str | None = None, max_items: int | None = None, seed: int | str = "ood") -> list[dict]:
+    """The probe in force: load_probe(path) or the built-in one; with max_items, the first N in a seeded order
+    (every family keeps about its share)."""
+    from pivot_assets.core.ids import seeded_unit
+
+    items = load_probe(path) if path else ood_probe_items()
+    if max_items is not None and max_items < len(items):
+        items = sorted(items, key=lambda it: seeded_unit(seed, it["prompt"]))[:max_items]
+    return items
+
+
+def _handwritten_items() -> list[dict]:
+    """The original 43 hand-written items."""
     items = []
     for op, a, b in _ARITHMETIC:
         items.append({"prompt": f"What is {a} {op} {b}? Answer with just the number.",
@@ -120,6 +209,8 @@ def is_correct(item: dict, completion: str) -> bool:
         quoted = re.findall(r"['\"‘’“”]([A-Za-z])['\"‘’“”]", completion)
         last = quoted[-1] if quoted else completion.strip().strip(".!'\"")
         return last.lower() == answer.lower()
+    if match == "exact":
+        return completion.strip().strip(".!'\"").strip().lower() == answer.strip().lower()
     flags = 0 if match == "word_cased" else re.IGNORECASE
     return _whole_word(answer, completion, flags)
 
@@ -168,6 +259,7 @@ def ood_accuracy(model_dir: str, items: list[dict] | None = None, max_new_tokens
     torch.manual_seed(seed)
     model, tokenizer = load_model(str(model_dir), dtype=dtype, device=device)
     completions = probe_completions(model, tokenizer, items, max_new_tokens)
+    del model
     verdicts = [is_correct(it, c) for it, c in zip(items, completions)]
     if details is not None:
         details.extend({**it, "completion": c, "correct": v} for it, c, v in zip(items, completions, verdicts))

@@ -132,6 +132,82 @@ def build_sft_examples(
     return examples
 
 
+def turn_example(tokenizer, messages: list[dict], message_index: int, tools: list | None,
+                 max_length: int) -> tuple[dict | None, str | None]:
+    """(example, None) or (None, reason): one turn as an SFT example, its state rendered exactly as profiling
+    and GRPO prompt it (tools, generation prompt) and cut from the *left* to fit max_length, its expert action
+    (the assistant body + end-of-turn token) kept whole and the only tokens with loss.
+
+    The example carries `truncated`: how many state tokens were cut off its start.
+    """
+    tmsgs = to_template_messages(messages[: message_index + 1])
+    if not 0 <= message_index < len(messages) or messages[message_index].get("role") != "assistant":
+        return None, f"message {message_index} is not an assistant message"
+    prefix = _render(tokenizer, tmsgs[:message_index], tools, gen_prompt=True)
+    upto = _render(tokenizer, tmsgs, tools, gen_prompt=False)
+    if not upto.startswith(prefix):
+        return None, f"chat template is not prefix-preserving at message {message_index}"
+    segment = upto[len(prefix):]
+    end_tok = tokenizer.eos_token or "<|im_end|>"
+    cut = segment.rfind(end_tok)
+    target = segment[: cut + len(end_tok)] if cut >= 0 else segment
+    prompt_ids = tokenizer(prefix, add_special_tokens=False)["input_ids"]
+    target_ids = tokenizer(target, add_special_tokens=False)["input_ids"]
+    room = max_length - len(target_ids)
+    if room < 1:
+        return None, f"expert action of {len(target_ids)} tokens does not fit in max_length={max_length}"
+    kept = prompt_ids[-room:]
+    return {"input_ids": kept + target_ids, "labels": [IGNORE_INDEX] * len(kept) + target_ids,
+            "truncated": len(prompt_ids) - len(kept)}, None
+
+
+def build_turn_examples(turns: Iterable[dict], tokenizer, max_length: int,
+                        rejections: list[tuple[str, str]] | None = None) -> list[dict]:
+    """Per-turn SFT examples (see turn_example) for dicts {turn_id?, trajectory_id, messages (the trajectory's),
+    message_index, tools}; a turn that cannot fit is appended to `rejections` as (turn_id, reason)."""
+    examples, rejected = [], []
+    for index, turn in enumerate(turns):
+        key = str(turn.get("turn_id") or f"{_trajectory_key(turn, index)}@{turn['message_index']}")
+        try:
+            messages = as_canonical_messages(turn.get("messages"))
+            example, why = turn_example(tokenizer, messages, int(turn["message_index"]),
+                                        as_list(turn.get("tools"), "tools") or None, max_length)
+        except (ValueError, KeyError, TypeError) as err:
+            example, why = None, f"render failed: {err}"
+        if example is None:
+            rejected.append((key, why))
+            continue
+        examples.append({**example, "trajectory_id": _trajectory_key(turn, index), "turn_id": key})
+    if rejected:
+        log.warning("SFT: %d of %d turns not trained on (first: %s)", len(rejected), len(rejected) + len(examples),
+                    rejected[0])
+    if rejections is not None:
+        rejections.extend(rejected)
+    return examples
+
+
+def build_examples(trajectories: Iterable[dict], tokenizer, max_length: int, mode: str = "trajectory",
+                   rejections: list[tuple[str, str]] | None = None) -> list[dict]:
+    """SFT examples by `sft.examples`: `trajectory` (build_sft_examples), `turn` (one example per assistant
+    turn, build_turn_examples), or `auto` (the whole trajectory when all of it fits in max_length, else its turns)."""
+    if mode == "trajectory":
+        return build_sft_examples(trajectories, tokenizer, max_length, rejections)
+    if mode not in ("turn", "auto"):
+        raise ValueError(f"sft.examples: {mode!r}: expected auto, trajectory or turn")
+    examples, per_turn = [], []
+    for index, traj in enumerate(trajectories):
+        if mode == "auto":
+            whole = build_sft_examples([traj], tokenizer, 1 << 30, [])
+            if whole and len(whole[0]["input_ids"]) <= max_length:
+                examples.extend(whole)
+                continue
+        messages = as_canonical_messages(traj.get("messages"))
+        per_turn.extend({"trajectory_id": _trajectory_key(traj, index), "messages": messages, "message_index": i,
+                         "tools": traj.get("tools"), "turn_id": f"{_trajectory_key(traj, index)}@{i}"}
+                        for i, m in enumerate(messages) if m.get("role") == "assistant")
+    return examples + build_turn_examples(per_turn, tokenizer, max_length, rejections)
+
+
 # -- training ---------------------------------------------------------------------------------
 
 
@@ -232,10 +308,10 @@ def train_sft(
 def no_examples_reason(rejections: list[tuple[str, str]], max_length: int) -> str:
     """One line a user can act on when nothing is left to train on."""
     n = len(rejections)
-    too_long = sum(1 for _, why in rejections if why.startswith("no assistant token"))
+    too_long = sum(1 for _, why in rejections if why.startswith(("no assistant token", "expert action of")))
     if n and too_long == n:
-        return (f"sft_policy: {too_long} of {n} trajectories have no assistant token within sft.max_length="
-                f"{max_length}; raise sft.max_length or shorten the inputs' system prompts")
+        return (f"sft_policy: {too_long} of {n} trajectories/turns have no assistant token within sft.max_length="
+                f"{max_length}; raise sft.max_length, set sft.examples: turn, or shorten the inputs' system prompts")
     if n:
         return f"sft_policy: none of {n} trajectories can be trained on (first: {rejections[0][0]}: {rejections[0][1]})"
     return "sft_policy: no trajectories outside the held-out split (lower training.eval_fraction or add inputs)"
@@ -262,10 +338,14 @@ def train_sft_policy(wh: "Warehouse", cfg: "PivotConfig", log: Callable[[str], N
     trajectories = [t for t in wh.read("trajectories").iter_rows(named=True) if t["trajectory_id"] not in held_out]
     _, tokenizer = load_model(base_model(cfg))
     rejections: list = []
-    examples = build_sft_examples(trajectories, tokenizer, cfg.sft.max_length, rejections)
+    examples = build_examples(trajectories, tokenizer, cfg.sft.max_length, cfg.sft.examples, rejections)
     if not examples:
         raise ValueError(no_examples_reason(rejections, cfg.sft.max_length))
-    log(f"sft_policy: {len(examples)} trajectories, {cfg.sft.steps} steps, {precision.dtype} ({precision.reason})")
+    for key, why in rejections[:5]:
+        log(f"sft_policy: not trained on {key}: {why}")
+    n_turns = sum(1 for e in examples if "truncated" in e)
+    log(f"sft_policy: {len(examples)} examples ({len(examples) - n_turns} whole trajectories, {n_turns} turns), "
+        f"{cfg.sft.steps} steps, {precision.dtype} ({precision.reason})")
     progress = Progress(total=cfg.sft.steps, unit="sft steps", log=log, every_s=0)
     t0 = time.perf_counter()
     rows = train_sft(base_model(cfg), examples, cfg.sft, out, precision, threads=cfg.runtime.threads,
@@ -276,3 +356,36 @@ def train_sft_policy(wh: "Warehouse", cfg: "PivotConfig", log: Callable[[str], N
     write_marker(out, key)
     return {**result, "skipped": False, "n_examples": len(examples), "n_held_out": len(held_out),
             "not_trained_on": len(rejections), "train_s": time.perf_counter() - t0}
+
+
+def pivot_turns(wh: "Warehouse", table: str, exclude_trajectories: set[str]) -> list[dict]:
+    """The turns of a pivot table outside `exclude_trajectories`, as build_turn_examples dicts (sorted by turn_id)."""
+    import polars as pl
+
+    pivots = wh.read(table).filter(~pl.col("trajectory_id").is_in(sorted(exclude_trajectories)))
+    wanted = pivots["trajectory_id"].unique().to_list()
+    trajectories = {t["trajectory_id"]: t for t in wh.read("trajectories", ["trajectory_id", "messages", "tools"])
+                    .filter(pl.col("trajectory_id").is_in(wanted)).iter_rows(named=True)}
+    return [{"turn_id": p["turn_id"], "trajectory_id": p["trajectory_id"], "message_index": p["message_index"],
+             "messages": trajectories[p["trajectory_id"]]["messages"], "tools": trajectories[p["trajectory_id"]]["tools"]}
+            for p in pivots.sort("turn_id").iter_rows(named=True)]
+
+
+def train_same_data_sft(model: str, turns: list[dict], options: "SFTSection", out_dir, precision: Precision,
+                        log: Callable[[str], None], threads: int | str = "auto") -> dict:
+    """The ablation's same-data SFT arm: per-turn SFT (state cut from the left, expert action) on exactly the
+    given pivot turns. Returns {rows, n_examples, rejections, truncated}; raises with the reasons when no turn fits."""
+    from pivot_assets.core.progress import Progress
+
+    _, tokenizer = load_model(model)
+    rejections: list = []
+    examples = build_turn_examples(turns, tokenizer, options.max_length, rejections)
+    for key, why in rejections[:5]:
+        log(f"same-data SFT: not trained on {key}: {why}")
+    if not examples:
+        raise ValueError(no_examples_reason(rejections, options.max_length))
+    progress = Progress(total=options.steps, unit="sft steps", log=log, every_s=0)
+    rows = train_sft(model, examples, options, out_dir, precision, threads=threads,
+                     on_step=lambda r: progress.update(1, f"loss {r['loss']:.4f}"))
+    return {"rows": rows, "n_examples": len(examples), "rejections": rejections,
+            "truncated": sum(1 for e in examples if e["truncated"])}

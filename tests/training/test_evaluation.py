@@ -8,16 +8,30 @@ import re
 import pytest
 
 from pivot_assets.training.evaluation import local_accuracy
-from pivot_assets.training.ood_probe import CATEGORY_MATCH, is_correct, ood_accuracy, ood_probe_items
+from collections import Counter
+
+from pivot_assets.training.ood_probe import (
+    CATEGORY_MATCH,
+    FAMILY,
+    is_correct,
+    load_probe,
+    ood_accuracy,
+    ood_probe_items,
+    probe_items,
+)
 from pivot_assets.verifiers import DomainVerifiers
 
 
 def test_probe_set_is_fixed_and_well_formed():
     items = ood_probe_items()
     assert items == ood_probe_items()
-    assert 35 <= len(items) <= 60
+    assert len(items) >= 400  # one item is < 0.25 points
+    families = Counter(FAMILY[it["kind"]] for it in items)
+    assert families["arithmetic"] >= 150 and families["words"] >= 150  # two generated kinds, each large
     assert len({it["prompt"] for it in items}) == len(items)
     assert {it["kind"] for it in items} <= set(CATEGORY_MATCH)
+    for it in items:  # the scorer accepts the item's own answer: scoring is deterministic and well posed
+        assert is_correct(it, it["answer"]), it
     for it in items:
         if CATEGORY_MATCH[it["kind"]] == "number":
             # the number rule skips numbers echoed from the prompt: an answer among them could never match
@@ -96,3 +110,23 @@ def test_local_accuracy_on_two_pivots(embedded_model_dir):
 def test_local_accuracy_without_pivots_is_none():
     out = local_accuracy("embedded", [], DomainVerifiers(None), k=4)
     assert out == {"n_pivots": 0, "k": 4, "local_accuracy": None, "per_turn": []}
+
+
+def test_user_probe_from_jsonl_and_hf_dir_and_a_seeded_cap(tmp_path):
+    rows = [{"prompt": "Capital of Peru?", "answer": "Lima", "kind": "contains"},
+            {"prompt": "Say yes.", "answer": "yes"}]
+    path = tmp_path / "probe.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    items = load_probe(str(path))
+    assert [it["kind"] for it in items] == ["contains", "exact"]
+    assert is_correct(items[0], "It is lima.") and is_correct(items[1], "Yes.") and not is_correct(items[1], "yes sir")
+    from datasets import Dataset
+
+    Dataset.from_list([{**r, "kind": r.get("kind", "exact")} for r in rows]).save_to_disk(str(tmp_path / "hf"))
+    assert load_probe(str(tmp_path / "hf")) == items
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"prompt": "x", "answer": "y", "kind": "poetry"}) + "\n")
+    with pytest.raises(ValueError, match="row 1: kind 'poetry'"):
+        load_probe(str(tmp_path / "bad.jsonl"))
+    capped = probe_items(None, 50)
+    assert len(capped) == 50 and capped == probe_items(None, 50)
+    assert {FAMILY[it["kind"]] for it in capped} >= {"arithmetic", "words"}

@@ -61,3 +61,43 @@ def test_base_and_init_models(tmp_path):
     assert runs.base_model(_cfg(tmp_path, policy={"model": "/models/x"})) == "/models/x"
     assert runs.init_model(wh, _cfg(tmp_path)) == str(wh.model_dir("sft_policy"))
     assert runs.init_model(wh, _cfg(tmp_path, training={"init": "reference"}, policy={"model": "m"})) == "m"
+
+
+def test_eval_seed_is_apart_from_profiling_and_the_same_for_every_policy(tmp_path):
+    cfg = _cfg(tmp_path)
+    seed = runs.eval_seed(cfg)
+    assert seed != cfg.policy.seed and seed == runs.eval_seed(_cfg(tmp_path, policy={"model": "sft"}))
+    assert seed != runs.eval_seed(_cfg(tmp_path, training={"eval_seed": 1}))
+    # evaluation-only keys never retrain: the training identity ignores them
+    ident = runs.training_identity(cfg)
+    for extra in ({"eval_seed": 3}, {"bootstrap": 200}, {"ood_max_items": 10}, {"eval_max_turns": 5}):
+        assert runs.training_identity(_cfg(tmp_path, training=extra)) == ident
+    assert runs.training_identity(_cfg(tmp_path, training={"reward_verifier": {"default": {"name": "exact"}}})) != ident
+
+
+def test_arm_models_are_keyed_by_arm_and_seed(tmp_path, monkeypatch):
+    monkeypatch.setattr("pivot_assets.policies.models.policy_fingerprint", lambda model: f"fp:{model}")
+    wh = _warehouse(tmp_path)
+    for table in ("pivots_adv", "pivots_cand", "pivots_mixed"):
+        wh.write_table(table, pa.table({"turn_id": [table]}))
+    cfg = _cfg(tmp_path, ablation={"seeds": [0, 1]})
+    dirs = {runs.arm_dir(a, s) for a in cfg.ablation.arms for s in cfg.ablation.seeds}
+    assert len(dirs) == 10 and all(wh.model_dir(d) for d in dirs)
+    keys = {runs.arm_key(wh, cfg, a, s, "v") for a in cfg.ablation.arms for s in cfg.ablation.seeds}
+    assert len(keys) == 10
+    key = runs.arm_key(wh, cfg, "grpo_adv", 0, "v")
+    assert key == runs.arm_key(wh, _cfg(tmp_path, ablation={"seeds": [0, 1]}, training={"eval_k": 9}), "grpo_adv", 0, "v")
+    assert key != runs.arm_key(wh, _cfg(tmp_path, ablation={"steps": 2}), "grpo_adv", 0, "v")
+    assert runs.ablation_steps(_cfg(tmp_path, ablation={"steps": 3})) == 3
+    assert runs.reference_model(wh, _cfg(tmp_path, policy={"model": "sft"})) == str(wh.model_dir("sft_policy"))
+    assert runs.reference_model(wh, _cfg(tmp_path, policy={"model": "embedded"})) == "embedded"
+
+
+def test_ablation_config_rejects_unknown_arms(tmp_path):
+    import pytest
+
+    from pivot_assets.core.config import ConfigError
+
+    with pytest.raises(ConfigError, match="ablation.arms"):
+        _cfg(tmp_path, ablation={"arms": ["grpo_everything"]})
+    assert _cfg(tmp_path).ablation is None

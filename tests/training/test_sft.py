@@ -133,3 +133,62 @@ def test_two_steps_lower_loss_and_round_trip(embedded_model_dir, tokenizer, tmp_
     with torch.no_grad():
         assert torch.equal(trained(x).logits, reloaded(x).logits)
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no tmp dirs left behind
+
+
+# -- per-turn examples (long real trajectories) ----------------------------------------------------
+
+
+def long_system_trajectory(order_id: str) -> dict:
+    """A trajectory whose system prompt alone is longer than the max_length used below (like airline's)."""
+    traj = shop_trajectory(order_id, "shipped")
+    traj["messages"][0]["content"] = "Policy: " + " ".join(f"rule {i} applies to every order." for i in range(200))
+    return traj
+
+
+def test_turn_examples_cut_the_state_from_the_left_and_train_only_the_action(tokenizer):
+    from pivot_assets.policies.models import render_prompt
+    from pivot_assets.training.sft import build_turn_examples
+
+    traj = long_system_trajectory("G7")
+    assert build_sft_examples([traj], tokenizer, max_length=256) == []  # whole-trajectory SFT: nothing to train
+    turns = [{"turn_id": f"turn-{i}", "trajectory_id": traj["trajectory_id"], "messages": traj["messages"],
+              "message_index": i, "tools": traj["tools"]} for i in (2, 4, 6)]
+    examples = build_turn_examples(turns, tokenizer, max_length=256)
+    assert [e["turn_id"] for e in examples] == ["turn-2", "turn-4", "turn-6"]
+    for turn, ex in zip(turns, examples):
+        assert len(ex["input_ids"]) == 256 and ex["truncated"] > 0
+        action = traj["messages"][turn["message_index"]]
+        labelled = tokenizer.decode([t for t in ex["labels"] if t != IGNORE_INDEX])
+        assert labelled == render_action(action_from_message(action)[1]) + "<|im_end|>"
+        # the kept state is the *end* of the profiling prompt: the latest messages and the generation prompt
+        prompt = tokenizer(render_prompt(tokenizer, traj["messages"][: turn["message_index"]], TOOLS),
+                           add_special_tokens=False)["input_ids"]
+        n_state = sum(1 for t in ex["labels"] if t == IGNORE_INDEX)
+        assert ex["input_ids"][:n_state] == prompt[-n_state:]
+
+
+def test_a_turn_that_cannot_fit_is_reported_with_its_reason(tokenizer):
+    from pivot_assets.training.sft import build_turn_examples, no_examples_reason
+
+    traj = shop_trajectory("H8", "shipped")
+    rejections: list = []
+    turn = {"turn_id": "turn-x", "trajectory_id": "t-H8", "messages": traj["messages"], "message_index": 2,
+            "tools": traj["tools"]}
+    assert build_turn_examples([turn], tokenizer, max_length=16, rejections=rejections) == []
+    assert rejections[0][0] == "turn-x" and "does not fit in max_length=16" in rejections[0][1]
+    assert "sft.max_length=16" in no_examples_reason(rejections, 16)
+    bad: list = []
+    assert build_turn_examples([{**turn, "message_index": 1}], tokenizer, 256, bad) == []
+    assert "not an assistant message" in bad[0][1]
+
+
+def test_auto_examples_keep_short_trajectories_whole_and_split_long_ones(tokenizer):
+    from pivot_assets.training.sft import build_examples
+
+    short, long = shop_trajectory("J1", "late"), long_system_trajectory("K2")
+    examples = build_examples([short, long], tokenizer, max_length=512, mode="auto")
+    assert examples[0]["trajectory_id"] == "t-J1" and "truncated" not in examples[0]
+    assert [e["turn_id"] for e in examples[1:]] == ["t-K2@2", "t-K2@4", "t-K2@6"]
+    rejections: list = []  # whole-trajectory mode: the long one has no assistant token within max_length
+    assert len(build_examples([short, long], tokenizer, 512, "trajectory", rejections)) == 1
+    assert rejections == [("t-K2", "no assistant token within max_length=512")]

@@ -1,10 +1,18 @@
-"""The held-out split: made per trajectory from the seed, the same whoever asks."""
+"""The held-out split: by source conversation, made per group from the seed, the same whoever asks."""
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 
-from pivot_assets.training.split import split_by_trajectory
+from pivot_assets.core.warehouse import Warehouse
+from pivot_assets.training.split import (
+    held_out_trajectories,
+    split_by_group,
+    split_by_trajectory,
+    trajectory_groups,
+)
+
 
 def test_split_is_deterministic_per_trajectory_and_near_the_fraction():
     ids = [f"traj-{i}" for i in range(2000)]
@@ -20,3 +28,30 @@ def test_split_is_deterministic_per_trajectory_and_near_the_fraction():
         split_by_trajectory(ids, 1.0)
 
 
+def test_pivot_rows_of_one_conversation_land_on_one_side():
+    groups = {f"row-{i}": f"conv-{i // 5}" for i in range(1000)}  # NeMo-Gym: 5 pivot rows cut from each conversation
+    held = split_by_group(groups, 0.3, seed=0)
+    for conv in {g for g in groups.values()}:
+        members = {t for t, g in groups.items() if g == conv}
+        assert members <= held or not (members & held), conv
+    assert 0.2 < len(held) / len(groups) < 0.4
+    # an ungrouped row (no key) is its own group: the same decision split_by_trajectory makes
+    assert split_by_group({"a": None, "b": ""}, 0.5, seed=3) == split_by_trajectory(["a", "b"], 0.5, seed=3)
+
+
+def test_the_warehouse_split_reads_conversation_id_and_falls_back_without_it(tmp_path):
+    wh = Warehouse(tmp_path / "old")
+    wh.write_table("trajectories", pa.table({"trajectory_id": [f"t{i}" for i in range(200)]}))
+    assert trajectory_groups(wh)["t3"] == "t3"
+    assert held_out_trajectories(wh, 0.25, 0) == split_by_trajectory([f"t{i}" for i in range(200)], 0.25, 0)
+
+    wh = Warehouse(tmp_path / "new")
+    wh.write_table("trajectories", pa.table({"trajectory_id": [f"t{i}" for i in range(200)],
+                                             "conversation_id": [f"c{i // 4}" if i % 10 else None for i in range(200)]}))
+    groups = trajectory_groups(wh)
+    assert groups["t1"] == "c0" and groups["t10"] == "t10"  # a null key falls back to the trajectory id
+    held = held_out_trajectories(wh, 0.25, 0)
+    assert held == split_by_group(groups, 0.25, 0)
+    for conv in {g for g in groups.values() if g.startswith("c")}:
+        members = {t for t, g in groups.items() if g == conv}
+        assert members <= held or not (members & held)

@@ -1,8 +1,9 @@
-"""The training stage through Dagster: sft_policy -> grpo_run -> pivot_eval on a tiny config.
+"""The training stage through Dagster: sft_policy -> grpo_run -> pivot_eval and the ablation on a tiny config.
 
 A graded, fact-blind string verifier gives every profiled turn a continuous reward, so the tiny warm-up
 policy yields pivots; the point here is the wiring: the configured backend, dtype and device reach
-evaluation (the policies are sampled and probed with them), and a second run trains nothing.
+evaluation (the policies are sampled and probed with them), every ablation arm gets its own model and rows,
+the ablation_table view reads them, and a second run trains and samples nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ verifier:
   default: {name: string_similarity, graded: true, facts: ignore}
 pivots: {lambda_diff: 0.95}
 training: {set: adv, init: sft, steps: 1, num_generations: 2, max_completion_length: 8, eval_fraction: 0.5,
-           eval_k: 2}
+           eval_k: 2, ood_max_items: 12, bootstrap: 200}
+ablation: {arms: [grpo_adv_exact, sft_same_data], seeds: [0], steps: 1}
 """
 
 
@@ -55,10 +57,29 @@ def test_sft_grpo_eval_materialize_and_evaluation_uses_the_configured_engine(tmp
     import duckdb
 
     con = duckdb.connect(str(tmp_path / "wh" / "pivot.duckdb"), read_only=True)
-    rows = con.sql("select policy, backend, dtype, device, n_pivots, k from pivot_eval order by policy").fetchall()
-    assert [r[0] for r in rows] == ["grpo", "reference", "sft"]
+    rows = con.sql("select policy, backend, dtype, device, n, k from pivot_eval where eval_set = 'adv' "
+                   "order by policy").fetchall()
+    assert [r[0] for r in rows] == ["base", "grpo_adv", "reference"]  # policy.model: sft -> the warm-up is the reference
     assert {r[1:4] for r in rows} == {("transformers", "bfloat16", "cpu")}
     assert all(r[5] == 2 for r in rows)
+    assert {r[0] for r in con.sql("select distinct eval_set from pivot_eval").fetchall()} == {"profiled", "mixed", "adv", "ood"}
+    ref = con.sql("select delta, delta_low, delta_high from pivot_eval where policy = 'reference'").fetchall()
+    assert all(r == (0.0, 0.0, 0.0) for r in ref if r[0] is not None)
+    assert con.sql("select count(*) from policy_comparison").fetchone()[0] == 3 * 4
+
+    # the ablation: one model dir per arm, rows keyed by arm and seed, the named view
+    arms = con.sql("select distinct arm, seed from ablation_results where arm is not null order by arm").fetchall()
+    assert arms == [("grpo_adv_exact", 0), ("sft_same_data", 0)]
+    models = sorted(p.name for p in (tmp_path / "wh" / "models").iterdir() if p.name.startswith("ablation_"))
+    assert models == ["ablation_grpo_adv_exact_s0", "ablation_sft_same_data_s0"]
+    table = con.sql("select arm, n_adv, n_ood from ablation_table").fetchall()
+    assert [r[0] for r in table] == ["base", "reference", "grpo_adv_exact", "sft_same_data"]
+    assert all(r[2] == 12 for r in table)
+    # the reference rows of pivot_eval and the ablation are the same measurement (same draws, same sets)
+    same = con.sql("select count(*) from pivot_eval p join ablation_results a using (policy, eval_set, eval_key) "
+                   "where policy in ('base', 'reference') and p.accuracy is not distinct from a.accuracy").fetchone()[0]
+    assert same == 2 * 4
+    assert (tmp_path / "wh" / "plots" / "ablation_results.png").is_file()
     # what really ran: the evaluation engines and the OOD probe's model loads used the configured engine
     eval_engines = [e for e in engines if e[3] and ("grpo_policy" in e[3] or e[3] == "embedded")]
     assert eval_engines and {e[:3] for e in eval_engines} == {("transformers", "bfloat16", "cpu")}
@@ -70,7 +91,7 @@ def test_sft_grpo_eval_materialize_and_evaluation_uses_the_configured_engine(tmp
 
     # A second run reuses every model and evaluation row: nothing is trained or sampled again.
     engines.clear()
-    assert pivot(["run", "--select", "sft_policy,grpo_run,pivot_eval"]) == 0
+    assert pivot(["run", "--select", "sft_policy,grpo_run,pivot_eval,ablation_results"]) == 0
     err = capsys.readouterr().err
     assert "not retraining" in err or engines == []
     assert engines == []
