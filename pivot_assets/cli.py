@@ -73,6 +73,17 @@ def cmd_run(args) -> int:
     return 0
 
 
+ABLATION_SELECTION = "*ablation_results"  # what ablation_job runs: the ablation and everything upstream
+
+
+def cmd_ablate(args) -> int:
+    """`pivot ablate` = `pivot run --select '*ablation_results'` on a config with an `ablation:` section."""
+    if _config(args).ablation is None:
+        raise ValueError("pivot ablate: the config has no `ablation:` section (see configs/ablation_cpu.yaml)")
+    args.select, args.stale, args.missing = ABLATION_SELECTION, False, False
+    return cmd_run(args)
+
+
 def cmd_stale(args) -> int:
     from pivot_assets.runner import stale_assets
 
@@ -170,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--missing", action="store_true", help="with --stale: also assets never materialized")
     sp.add_argument("--in-process", action="store_true",
                     help="work in this process (no supervisor: SIGTERM waits for the current torch op)")
+    sp = verb("ablate", cmd_ablate, "train and evaluate the ablation arms (ablation_job)")
+    sp.add_argument("--in-process", action="store_true", help="work in this process (no supervisor)")
     verb("stale", cmd_stale, "list stale or missing assets: <asset> <STALE|MISSING> <reason>")
     sp = verb("sql", cmd_sql, "run a named query from sql/ or an ad-hoc query")
     sp.add_argument("query", help="a file name in sql/ (without .sql) or a SQL query")
@@ -254,7 +267,7 @@ def entry() -> int:
     """The `pivot` console script: `pivot run` works in a supervised child (see above), the rest in-process."""
     argv = sys.argv[1:]
     args = build_parser().parse_args(argv)
-    if args.verb == "run" and os.environ.get(SUPERVISED) != "1" and not args.in_process:
+    if args.verb in ("run", "ablate") and os.environ.get(SUPERVISED) != "1" and not args.in_process:
         return supervise(argv)
     return main(argv)
 
