@@ -68,7 +68,7 @@ def build_grpo_asset(cfg: PivotConfig, verifiers: DomainVerifiers):
         if not result["skipped"]:
             meta.update({"train_prompts": result["train_prompts"],
                          "verifier_fingerprints": dg.MetadataValue.json(result["verifier_fingerprints"]),
-                         "grpo_config": dg.MetadataValue.json({k: str(v) for k, v in result["grpo_config"].items()})})
+                         "grpo_config": dg.MetadataValue.json({k: _json_value(v) for k, v in result["grpo_config"].items()})})
         rows = wh.read("grpo_steps").to_dicts()
         plot = steps_plot(wh, "grpo_steps", rows, ["reward_mean", "reward_std", "frac_reward_zero_std", "loss"])
         return publish(wh, "grpo_steps", {
@@ -112,8 +112,9 @@ def build_eval_asset(cfg: PivotConfig, verifiers: DomainVerifiers):
         wh = Warehouse(cfg.warehouse_dir)
         rows = evaluate_policies(wh, cfg, verifiers, context.log.info)
         wh.write_table("pivot_eval", eval_table(rows))
-        return publish(wh, "pivot_eval", {"comparison": dg.MetadataValue.md(comparison_markdown(rows))},
-                       preview=False)
+        plot = intervals_plot(wh, rows, name="pivot_eval", title="pivot_eval: accuracy with 95% bootstrap intervals")
+        return publish(wh, "pivot_eval", {"comparison": dg.MetadataValue.md(comparison_markdown(rows)),
+                                          "intervals": dg.MetadataValue.md(plot)}, preview=False)
 
     return pivot_eval
 
@@ -156,15 +157,21 @@ def build_ablation_asset(cfg: PivotConfig, verifiers: DomainVerifiers):
     return ablation_results
 
 
-def intervals_plot(wh: Warehouse, rows: list[dict]) -> str:
-    """Accuracy with its 95% interval per policy, on D_adv and the OOD probe (a PNG on the asset)."""
+def intervals_plot(wh: Warehouse, rows: list[dict], name: str = "ablation_results",
+                   title: str = "ablation: accuracy with 95% bootstrap intervals") -> str:
+    """Accuracy with its 95% interval per policy, on D_adv, all profiled turns and the OOD probe (a PNG on the asset)."""
     from .ablation import intervals_png
 
     series = {s: [(r["policy"], r["accuracy"], r["ci_low"], r["ci_high"]) for r in rows if r["eval_set"] == s]
               for s in ("adv", "profiled", "ood")}
-    png = intervals_png(series, title="ablation: accuracy with 95% bootstrap intervals")
-    save_png(png, wh.root / "plots" / "ablation_results.png")
-    return markdown_image(png, "ablation_results")
+    png = intervals_png(series, title=title)
+    save_png(png, wh.root / "plots" / f"{name}.png")
+    return markdown_image(png, name)
+
+
+def _json_value(value):
+    """A GRPOConfig value as metadata: numbers, bools and strings keep their type; anything else as text."""
+    return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
 
 
 def build_assets(cfg: PivotConfig) -> list:
