@@ -77,10 +77,11 @@ def build_chunk(start: int, n: int) -> pa.Table:
                                                fields=list(MESSAGE_TYPE))
     messages = pa.ListArray.from_arrays(pa.array(np.arange(0, (n + 1) * m, m, dtype=np.int32)), messages_flat,
                                         type=pa.list_(MESSAGE_TYPE))
+    ids = pa.array([f"{i:016x}" for i in idx])
     return pa.Table.from_arrays([
-        pa.array([f"{i:016x}" for i in idx]), pa.array(["bench"] * n), pa.array(idx, pa.int64()),
+        ids, pa.array(["bench"] * n), pa.array(idx, pa.int64()),
         pa.array(["openai"] * n), pa.array(["toy_shop"] * n), messages, pa.array(["[]"] * n),
-        pa.array(np.ones(n)),
+        pa.array(np.ones(n)), ids,  # conversation_id: each trajectory its own conversation
     ], schema=TRAJECTORY_SCHEMA)
 
 

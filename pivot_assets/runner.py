@@ -62,6 +62,9 @@ class RunReport:
 def run_assets(defs: dg.Definitions, keys: list[dg.AssetKey], instance: dg.DagsterInstance,
                run_id: str | None = None) -> RunReport:
     job = defs.resolve_implicit_global_asset_job_def()
+    from pivot_assets.curation.contracts import prewarm
+
+    prewarm()  # Great Expectations imports in the background while the first steps (ingest) run
     # Dagster's console logger defaults to DEBUG (every engine event); stage progress lines are INFO.
     level = os.environ.get("PIVOT_LOG_LEVEL", "INFO").upper()
     result = job.execute_in_process(

@@ -47,6 +47,7 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("messages", pa.list_(MESSAGE_TYPE)),
         ("tools", pa.string()),
         ("outcome_reward", pa.float64()),
+        ("conversation_id", pa.string()),  # source-conversation group key (rule: ingest/formats.py)
     ]
 )
 QUARANTINE_SCHEMA = pa.schema(

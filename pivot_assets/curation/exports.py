@@ -6,7 +6,7 @@ carry the trajectory's tools, the expert action and the profile stats.
 HF (`to_hf_dataset`), one row per pivot:
   prompt         the state as chat messages in the Hugging Face / OpenAI shape the chat templates read:
                  {role, content (str, "" when none), tool_calls: [{type: "function", function: {name,
-                 arguments: dict}}] | None, tool_call_id: str | None}; reasoning is dropped, as when the
+                 arguments: dict}}] ([] when none), tool_call_id: str | None}; reasoning is dropped, as when the
                  profiling prompts were rendered (core.shapes.to_template_messages).
                  Stored with features.Json for `arguments`, so heterogeneous argument objects do not get
                  merged into one Arrow struct (which would add every other call's keys as nulls).
@@ -19,11 +19,20 @@ HF (`to_hf_dataset`), one row per pivot:
   turn_id, trajectory_id, domain, message_index, action_kind, pivot_set, selection_rank and the profile
   stats (policy_fp, verifier_fp, k, reward_mean, reward_var, reward_std, n_pass, n_distinct_actions).
 
+  conversation_id  the trajectory's source-conversation key (ingest/formats.py), for splits grouped by conversation.
+  The dataset is built as Arrow, not from Python objects: `arguments` is written as JSON text into the Json
+  column's storage, so a batch in which no prompt has a tool call still has a type (datasets' own builder fails
+  there: "MakeBuilder: cannot construct builder for type extension<arrow.json>").
+
+Warehouse exports (`export_hf`, `export_nemo_gym`) stream: DuckDB joins each pivot to its trajectory's state
+(messages[:message_index], sliced in SQL) in selection order, EXPORT_BATCH pivots at a time, and the rows are
+appended to an Arrow file (HF) or a JSONL file (NeMo-Gym); nothing holds the whole set or the trajectories.
+
 NeMo-Gym (`to_nemo_gym_rows`), the single_step_tool_use_with_argument_comparison row shape:
   {"responses_create_params": {"input": [Responses items], "tools": [flat tool schemas],
                                "tool_choice": "auto", "parallel_tool_calls": bool},
    "expected_action": {...}, "agent_ref": {"type": "responses_api_agents", "name": agent_name},
-   "metadata": {turn_id, trajectory_id, domain, pivot_set, selection_rank, profile stats}}
+   "metadata": {turn_id, trajectory_id, conversation_id, domain, pivot_set, selection_rank, profile stats}}
 Items: system/user messages {type: message, role, content: str}; an assistant message becomes a reasoning
 item (if any), an assistant message item with output_text content (if any text) and one function_call
 item per call {type, call_id, name, arguments: JSON text}; tool results {type: function_call_output,
@@ -39,15 +48,17 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+import pyarrow as pa
 
-from pivot_assets.core.shapes import to_template_messages
 from pivot_assets.core.ids import canonical_json
-from pivot_assets.core.shapes import rebuild_state
+from pivot_assets.core.shapes import arguments_dict, rebuild_state
 
 DEFAULT_AGENT_NAME = "single_step_tool_use_with_argument_comparison_agent"
 PROFILE_STATS = ("policy_fp", "verifier_fp", "k", "reward_mean", "reward_var", "reward_std", "n_pass", "n_distinct_actions")
 PIVOT_COLUMNS = ("turn_id", "trajectory_id", "domain", "message_index", "action_kind", "expert_action", "selection_rank", "pivot_set")
 TRAJECTORY_COLUMNS = ("trajectory_id", "messages", "tools")
+EXPORT_BATCH = 1000  # pivots per streamed batch
+EXPORT_MEMORY = "1GB"  # DuckDB's budget for the selection-order sort (it spills past it)
 
 
 def iter_pivot_states(pivots: pl.DataFrame, trajectories: pl.DataFrame) -> Iterator[tuple[dict, list[dict], list[dict]]]:
@@ -59,7 +70,8 @@ def iter_pivot_states(pivots: pl.DataFrame, trajectories: pl.DataFrame) -> Itera
     _require(pivots, PIVOT_COLUMNS, "pivots")
     _require(trajectories, TRAJECTORY_COLUMNS, "trajectories")
     wanted = pivots["trajectory_id"].unique()
-    subset = trajectories.filter(pl.col("trajectory_id").is_in(wanted.implode())).select(TRAJECTORY_COLUMNS)
+    columns = [*TRAJECTORY_COLUMNS, *(["conversation_id"] if "conversation_id" in trajectories.columns else [])]
+    subset = trajectories.filter(pl.col("trajectory_id").is_in(wanted.implode())).select(columns)
     by_id = {r["trajectory_id"]: r for r in subset.iter_rows(named=True)}
     for pivot in pivots.iter_rows(named=True):
         trajectory = by_id.get(pivot["trajectory_id"])
@@ -68,33 +80,154 @@ def iter_pivot_states(pivots: pl.DataFrame, trajectories: pl.DataFrame) -> Itera
         messages, index = trajectory["messages"], pivot["message_index"]
         if not 0 <= index < len(messages) or messages[index]["role"] != "assistant":
             raise ValueError(f"pivot {pivot['turn_id']}: message_index {index} is not an assistant message of its trajectory")
+        pivot = {**pivot, "conversation_id": trajectory.get("conversation_id")}
         yield pivot, rebuild_state(messages, index), _parse_tools(trajectory["tools"])
+
+
+def stream_pivot_states(pivots_path: str, trajectories_path: str,
+                        batch_size: int = EXPORT_BATCH) -> Iterator[tuple[dict, list[dict], list[dict]]]:
+    """iter_pivot_states over Parquet files, streamed: (pivot row, state, tools) in selection order.
+
+    DuckDB slices each state out of its trajectory (messages[:message_index]) and sorts by selection_rank within
+    its memory budget; Python sees one batch of pivots at a time. Same errors as iter_pivot_states."""
+    import duckdb
+
+    con = duckdb.connect(config={"memory_limit": EXPORT_MEMORY})
+    try:
+        con.execute("SET enable_progress_bar = false")
+        columns = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM read_parquet('{pivots_path}')").fetchall()}
+        missing = [c for c in PIVOT_COLUMNS if c not in columns]
+        if missing:
+            raise ValueError(f"pivots lack columns {missing}")
+        conversation = ("t.conversation_id" if "conversation_id" in {r[0] for r in con.execute(
+            f"DESCRIBE SELECT * FROM read_parquet('{trajectories_path}')").fetchall()} else "NULL")
+        reader = con.execute(f"""
+            SELECT p.*, t.trajectory_id IS NOT NULL AS _found, len(t.messages) AS _n_messages,
+                   t.messages[p.message_index + 1].role AS _target_role, t.tools AS _tools, {conversation} AS conversation_id,
+                   list_slice(t.messages, 1, p.message_index) AS _state
+            FROM read_parquet('{pivots_path}') p
+            LEFT JOIN read_parquet('{trajectories_path}') t USING (trajectory_id)
+            ORDER BY p.selection_rank, p.turn_id""").fetch_record_batch(batch_size)
+        for batch in reader:
+            for row in batch.to_pylist():
+                yield _checked_pivot(row)
+    finally:
+        con.close()
+
+
+def _checked_pivot(row: dict) -> tuple[dict, list[dict], list[dict]]:
+    if not row.pop("_found"):
+        raise ValueError(f"pivot {row['turn_id']}: trajectory {row['trajectory_id']} not in trajectories")
+    index, n = row["message_index"], row.pop("_n_messages")
+    if not 0 <= index < n or row.pop("_target_role") != "assistant":
+        raise ValueError(f"pivot {row['turn_id']}: message_index {index} is not an assistant message of its trajectory")
+    state, tools = row.pop("_state"), row.pop("_tools")
+    return row, state, _parse_tools(tools)
 
 
 def to_hf_dataset(pivots: pl.DataFrame, trajectories: pl.DataFrame):
     """The pivot set as a `datasets.Dataset` with TRL-ready columns (see the module docstring)."""
     from datasets import Dataset
 
-    columns: dict[str, list] = {name: [] for name in _hf_features()}
-    for pivot, state, tools in iter_pivot_states(pivots, trajectories):
-        columns["prompt"].append(_hf_messages(state))
-        columns["tools"].append(canonical_json(tools))
-        for name in (*PIVOT_COLUMNS, *PROFILE_STATS):
-            columns[name].append(pivot.get(name))
-    return Dataset.from_dict(columns, features=_hf_features())
+    return Dataset(hf_table(iter_pivot_states(pivots, trajectories)))
+
+
+def hf_table(pivot_states: Iterable[tuple[dict, list[dict], list[dict]]]) -> pa.Table:
+    """HF rows as an Arrow table in the dataset's schema (Json `arguments` written as text into its storage)."""
+    rows = [hf_row(pivot, state, tools) for pivot, state, tools in pivot_states]
+    return pa.Table.from_batches([_hf_batch(rows)])  # one batch even when empty: `datasets` needs a chunk
+
+
+def _hf_batch(rows: list[dict]) -> pa.RecordBatch:
+    target = _hf_features().arrow_schema
+    return pa.RecordBatch.from_pylist(rows, schema=_storage_schema(target)).cast(target)
+
+
+def hf_row(pivot: dict, state: list[dict], tools: list[dict]) -> dict:
+    return {"prompt": _hf_messages(state), "tools": canonical_json(tools),
+            **{name: pivot.get(name) for name in (*PIVOT_COLUMNS, *PROFILE_STATS, "conversation_id")}}
+
+
+def export_hf(pivot_states: Iterable[tuple[dict, list[dict], list[dict]]], out_dir: str | Path,
+              batch_size: int = EXPORT_BATCH) -> int:
+    """Write a pivot set as a Hugging Face dataset dir (save_to_disk layout) in batches; returns the row count.
+
+    Batches are appended to one Arrow stream file in a temp dir beside `out_dir`, which `datasets` then memory-maps
+    and saves: no step holds the whole set."""
+    import shutil
+    import tempfile
+
+    from datasets import Dataset
+
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".tmp-hf-") as tmp:
+        arrow_file = Path(tmp) / "pivots.arrow"
+        with pa.OSFile(str(arrow_file), "wb") as sink, pa.ipc.new_stream(sink, _hf_features().arrow_schema) as writer:
+            for batch in _batched(pivot_states, batch_size):
+                writer.write_batch(_hf_batch([hf_row(pivot, state, tools) for pivot, state, tools in batch]))
+                n += len(batch)
+            if n == 0:
+                writer.write_batch(_hf_batch([]))  # an empty set is still one (empty) batch: `datasets` needs one
+        dataset = Dataset.from_file(str(arrow_file))
+        staged = Path(tmp) / "dataset"
+        # datasets 5.x writes an empty dataset as zero shards, which load_from_disk cannot read back
+        dataset.save_to_disk(str(staged), num_shards=1 if n == 0 else None)
+        del dataset
+        if out.exists():
+            shutil.rmtree(out)
+        staged.replace(out)
+    return n
+
+
+def export_nemo_gym(pivot_states: Iterable[tuple[dict, list[dict], list[dict]]], path: str | Path,
+                    agent_name: str = DEFAULT_AGENT_NAME) -> int:
+    """Write a pivot set as NeMo-Gym pivot JSONL, row by row (atomically); returns the row count."""
+    return write_jsonl(nemo_gym_rows(pivot_states, agent_name), path)
+
+
+def _batched(items: Iterable, size: int) -> Iterator[list]:
+    batch: list = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _storage_schema(schema: pa.Schema) -> pa.Schema:
+    """The schema with every extension type (Json) replaced by its storage type (text)."""
+    def storage(t: pa.DataType) -> pa.DataType:
+        if isinstance(t, pa.BaseExtensionType):
+            return t.storage_type
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            return pa.list_(storage(t.value_type))
+        if pa.types.is_struct(t):
+            return pa.struct([pa.field(f.name, storage(f.type)) for f in t])
+        return t
+
+    return pa.schema([pa.field(f.name, storage(f.type)) for f in schema])
 
 
 def save_hf(dataset, out_dir: str | Path) -> Path:
     """save_to_disk into out_dir (created); load it back with datasets.load_from_disk(out_dir)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    dataset.save_to_disk(str(out))
+    dataset.save_to_disk(str(out), num_shards=1 if len(dataset) == 0 else None)  # see export_hf
     return out
 
 
 def to_nemo_gym_rows(pivots: pl.DataFrame, trajectories: pl.DataFrame, agent_name: str = DEFAULT_AGENT_NAME) -> Iterator[dict]:
     """NeMo-Gym pivot rows (single_step_tool_use_with_argument_comparison shape), one per pivot."""
-    for pivot, state, tools in iter_pivot_states(pivots, trajectories):
+    return nemo_gym_rows(iter_pivot_states(pivots, trajectories), agent_name)
+
+
+def nemo_gym_rows(pivot_states: Iterable[tuple[dict, list[dict], list[dict]]],
+                  agent_name: str = DEFAULT_AGENT_NAME) -> Iterator[dict]:
+    for pivot, state, tools in pivot_states:
         expected = json.loads(pivot["expert_action"])
         yield {
             "responses_create_params": {
@@ -105,7 +238,8 @@ def to_nemo_gym_rows(pivots: pl.DataFrame, trajectories: pl.DataFrame, agent_nam
             },
             "expected_action": expected,
             "agent_ref": {"type": "responses_api_agents", "name": agent_name},
-            "metadata": {name: pivot.get(name) for name in ("turn_id", "trajectory_id", "domain", "pivot_set", "selection_rank", *PROFILE_STATS)},
+            "metadata": {name: pivot.get(name) for name in ("turn_id", "trajectory_id", "conversation_id", "domain",
+                                                            "pivot_set", "selection_rank", *PROFILE_STATS)},
         }
 
 
@@ -164,15 +298,19 @@ def flat_tool(tool: dict) -> dict:
 
 
 def _hf_messages(state: list[dict]) -> list[dict]:
-    """Chat-template messages with every key present (Arrow needs one struct shape per column)."""
+    """Chat-template messages with every key present (Arrow needs one struct shape per column); tool-call
+    arguments as canonical JSON text of an object (the Json column's storage; it reads back as a dict), reasoning
+    dropped and content None as "" (core.shapes.to_template_messages)."""
     out = []
-    for m in to_template_messages(state):
-        out.append({
-            "role": m["role"],
-            "content": m["content"],
-            "tool_calls": m.get("tool_calls"),
-            "tool_call_id": m.get("tool_call_id"),
-        })
+    for m in state:
+        calls = [{"type": "function", "function": {"name": c["name"],
+                                                   "arguments": canonical_json(arguments_dict(c["name"], c.get("arguments")))}}
+                 for c in m.get("tool_calls") or []]
+        # [] rather than null for a message without calls: pyarrow cannot flatten a null list whose items hold
+        # a Json extension column ("MakeBuilder: cannot construct builder for type extension<arrow.json>"), and
+        # `datasets` flattens when it saves; chat templates read [] and null alike (falsy).
+        out.append({"role": m["role"], "content": m.get("content") or "", "tool_calls": calls,
+                    "tool_call_id": m.get("tool_call_id") or None})
     return out
 
 
@@ -186,6 +324,7 @@ def _hf_features():
         "action_kind": "string", "expert_action": "string", "selection_rank": "int64", "pivot_set": "string",
         "policy_fp": "string", "verifier_fp": "string", "k": "int64", "reward_mean": "float64",
         "reward_var": "float64", "reward_std": "float64", "n_pass": "int64", "n_distinct_actions": "int64",
+        "conversation_id": "string",
     }
     return Features({"prompt": List(message), "tools": Value("string"), **{k: Value(v) for k, v in scalars.items()}})
 

@@ -31,13 +31,15 @@ def contract_params(cfg: PivotConfig) -> dict:
 
 
 def check_table(wh: Warehouse, table: str, params: dict):
-    """Run one table's Great Expectations suite on its materialized Parquet (plus the related tables)."""
-    from pivot_assets.curation.contracts import RELATED_TABLES, run_contract
+    """Run one table's data contract where the table is: DuckDB over its Parquet files (exact, bounded memory),
+    the Great Expectations suite on a bounded sample (contracts.py)."""
+    from pivot_assets.curation.contracts import RELATED_TABLES, check_parquet
 
-    if not wh.exists(table):
-        raise ValueError(f"table {table!r} is not materialized in {wh.root}")
-    related = {name: wh.read(name) for name in RELATED_TABLES.get(table, ())}
-    return run_contract(table, wh.read(table), related=related, params=params)
+    names = (table, *RELATED_TABLES.get(table, ()))
+    for name in names:
+        if not wh.exists(name):
+            raise ValueError(f"table {name!r} is not materialized in {wh.root}")
+    return check_parquet(table, {name: wh.source_glob(name) for name in names}, params=params)
 
 
 def check_tables(cfg: PivotConfig, table: str | None = None):
@@ -55,19 +57,20 @@ def check_tables(cfg: PivotConfig, table: str | None = None):
 
 
 def export_set(cfg: PivotConfig, pivot_set: str, fmt: str, out: Path) -> Path:
-    """Write a pivot set as a Hugging Face dataset dir (`hf`) or NeMo-Gym pivot JSONL (`nemo-gym`)."""
+    """Write a pivot set as a Hugging Face dataset dir (`hf`) or NeMo-Gym pivot JSONL (`nemo-gym`), streamed from
+    the warehouse in batches (exports.stream_pivot_states): neither the set nor the trajectories are loaded."""
     from pivot_assets.curation import exports
 
     wh = Warehouse(cfg.warehouse_dir)
     table = SET_TABLES[pivot_set]
     if not wh.exists(table):
         raise ValueError(f"{table} is not materialized yet: run `pivot run --select {table}` first")
-    pivots, trajectories = wh.read(table), wh.read("trajectories")
+    states = exports.stream_pivot_states(wh.source_glob(table), wh.source_glob("trajectories"))
     out = Path(out)
     if fmt == "hf":
-        exports.save_hf(exports.to_hf_dataset(pivots, trajectories), out)
+        exports.export_hf(states, out)
         return out
     path = out / f"{table}.jsonl" if out.suffix != ".jsonl" else out
     path.parent.mkdir(parents=True, exist_ok=True)
-    exports.write_jsonl(exports.to_nemo_gym_rows(pivots, trajectories), path)
+    exports.export_nemo_gym(states, path)
     return path

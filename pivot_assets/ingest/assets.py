@@ -38,6 +38,7 @@ def build_assets(cfg: PivotConfig) -> list:
         yield publish(wh, "trajectories", {
             "read": counts["read"], "ingested": counts["ingested"], "quarantined": counts["quarantined"],
             "duplicates": counts["duplicates"], "by_format": dg.MetadataValue.json(counts["by_format"]),
+            "by_adapter": dg.MetadataValue.json(counts["by_adapter"]), "workers": counts["workers"],
             "inputs": dg.MetadataValue.json([i["path"] for i in inputs]), "seconds": round(t["seconds"], 2),
         })
         yield publish(wh, "quarantine", {"reasons": dg.MetadataValue.json(counts["quarantine_reasons"])})

@@ -1,5 +1,10 @@
 """Trajectory ingestion: readers, format adapters and the quarantine rules (Dagster-free).
 
+This module is the reference: `iter_ingest` adapts one record at a time. The pipeline (`inputs.write_ingest`)
+streams the same rules through `streaming.py` in bounded units and worker processes, where JSONL lines first go
+through `chat_sql.py`, the openai adapter as one DuckDB query, which takes only what it can prove gives the same
+row and hands every other line back to the adapters below; tests check that both give identical tables.
+
 Every input record becomes exactly one of:
   ("trajectory", row)  a canonical trajectory (TRAJECTORY_SCHEMA),
   ("quarantine", row)  a record we could not use, with a one-line reason "category: detail" and the raw text
@@ -69,6 +74,19 @@ Turn rules (turn_extraction.py cuts one turn per assistant message):
     messages; NeMo-Gym: every merged group holds a message or a function call).
 Domain: the input's `domain` when given, else the record's (`domain`, `metadata.domain`, `domain_name`,
 tau2's environment domain), else "default".
+
+conversation_id (the source-conversation group key a held-out split groups by; every format fills it):
+  1. the record's own `conversation_id` when it is a non-empty string, verbatim (so our own trajectories
+     Parquet reads back with the same key);
+  2. else short_hash(canonical_json({"ids": ids, "opening": opening})), where
+       opening = the canonical messages before the first assistant message (system, user, tool), and
+       ids     = [[key, value]] for key in CONVERSATION_ID_FIELDS ("session_id", "task_id", "_ng_task_index":
+                 tau2's simulation task, NeMo-Gym's task index), in that order, where the record's value is
+                 a string or an integer (as a string); other values are ignored;
+     so the NeMo-Gym pivot rows cut from one conversation (same instructions, same first user message) share
+     it, and so do several rollouts or trials of one task (the split must not put one task on both sides);
+  3. else, when there are no ids and the opening holds no user message (nothing says which conversation this
+     is: e.g. a trajectory that starts with the assistant), the trajectory_id.
 """
 
 from __future__ import annotations
@@ -82,9 +100,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from pivot_assets.core.ids import canonical_json, trajectory_id
+from pivot_assets.core.ids import canonical_json, short_hash, trajectory_id
 from pivot_assets.core.shapes import ROLES
 
+CONVERSATION_ID_FIELDS = ("session_id", "task_id", "_ng_task_index")
 MAX_RECORD_BYTES = 8 * 1024 * 1024  # a text record larger than this is quarantined unparsed
 RAW_CAP = 4096  # characters of raw text kept on a quarantine row
 PARQUET_BATCH_ROWS = 512
@@ -161,8 +180,9 @@ def ingest_record(raw: RawRecord, fmt: str = "auto", domain: str | None = None) 
         _check_encodable(messages, tools)
     except RecordError as err:
         return "quarantine", _quarantine_row(raw, err)
+    tid = trajectory_id(messages, tools)
     row = {
-        "trajectory_id": trajectory_id(messages, tools),
+        "trajectory_id": tid,
         "source": raw.source,
         "record": raw.record,
         "source_format": source_format,
@@ -170,8 +190,24 @@ def ingest_record(raw: RawRecord, fmt: str = "auto", domain: str | None = None) 
         "messages": messages,
         "tools": canonical_json(tools),
         "outcome_reward": reward,
+        "conversation_id": conversation_id(raw.value, messages, tid),
     }
     return "trajectory", row
+
+
+def conversation_id(value: Any, messages: list[dict], trajectory_id_: str) -> str:
+    """The source-conversation group key of a record (rule in the module docstring)."""
+    value = value if isinstance(value, dict) else {}
+    explicit = value.get("conversation_id")
+    if isinstance(explicit, str) and explicit:
+        return explicit
+    ids = [[key, str(v)] for key in CONVERSATION_ID_FIELDS
+           if isinstance(v := value.get(key), str) or (isinstance(v, int) and not isinstance(v, bool))]
+    first_assistant = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
+    opening = messages[:first_assistant]
+    if not ids and not any(m["role"] == "user" for m in opening):
+        return trajectory_id_
+    return short_hash(canonical_json({"ids": ids, "opening": opening}))
 
 
 def _as_input(item: Any) -> Input:
@@ -189,7 +225,13 @@ def _quarantine_row(raw: RawRecord, err: RecordError) -> dict:
             text = json.dumps(raw.value, ensure_ascii=False, default=str)
         except (TypeError, ValueError):
             text = repr(raw.value)
-    return {"source": raw.source, "record": raw.record, "reason": str(err), "raw": text[:RAW_CAP]}
+    return {"source": raw.source, "record": raw.record, "reason": _writable(str(err)), "raw": _writable(text[:RAW_CAP])}
+
+
+def _writable(text: str) -> str:
+    # A lone surrogate (a record quarantined as non_utf8 holds one) cannot be written as UTF-8: keep it as its
+    # \uXXXX escape, so the row can be stored and still shows what was there.
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _check_encodable(messages: list[dict], tools: list) -> None:
@@ -282,14 +324,17 @@ def read_jsonl(p: Path) -> Iterator[RawRecord]:
     """One record per non-blank line; record = 0-based line number; a bad line does not stop the file."""
     with open(p, "rb") as f:
         for lineno, line in enumerate(f):
-            if not line.strip():
-                continue
-            try:
-                value = _parse_bytes(line)
-            except RecordError as err:
-                yield RawRecord(str(p), lineno, error=_with_line(err, lineno), raw=_raw_text(line))
-                continue
-            yield RawRecord(str(p), lineno, value=value, raw=None)
+            if line.strip():
+                yield jsonl_record(str(p), lineno, line)
+
+
+def jsonl_record(source: str, lineno: int, line: bytes) -> RawRecord:
+    """One non-blank JSONL line (with its newline, as read) -> RawRecord, parsed or carrying its error."""
+    try:
+        value = _parse_bytes(line)
+    except RecordError as err:
+        return RawRecord(source, lineno, error=_with_line(err, lineno), raw=_raw_text(line))
+    return RawRecord(source, lineno, value=value, raw=None)
 
 
 def _with_line(err: RecordError, lineno: int) -> RecordError:

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
-
-import pyarrow as pa
 
 from pivot_assets.core.catalog import QUARANTINE_SCHEMA, TRAJECTORY_SCHEMA
 from pivot_assets.core.config import PivotConfig
 from pivot_assets.core.ids import canonical_json, short_hash
 from pivot_assets.core.warehouse import Warehouse
 
-BATCH_ROWS = 2048
-INGEST_VERSION = "1"
+INGEST_VERSION = "2"  # 2: streaming ingest, conversation_id
 
 
 def resolved_inputs(cfg: PivotConfig) -> list[dict]:
@@ -44,50 +40,19 @@ def inputs_fingerprint(cfg: PivotConfig) -> str:
     return short_hash(canonical_json({"v": INGEST_VERSION, "specs": specs, "files": files}))
 
 
-def write_ingest(wh: Warehouse, inputs: list[dict]) -> dict:
+def write_ingest(wh: Warehouse, inputs: list[dict], *, workers: int | None = None) -> dict:
     """Stream every input record into `trajectories` or `quarantine`; returns the counts.
 
-    Invariant (checked here, reported as metadata): read = ingested + quarantined + duplicates.
+    Bounded memory (streaming.py): units of the input flow through worker processes into two Parquet writers,
+    identical trajectories are kept once. Invariant (checked, reported as metadata):
+    read = ingested + quarantined + duplicates.
     """
-    from .formats import iter_ingest
+    from .streaming import stream_ingest
 
-    counts: Counter = Counter()
-    by_format: Counter = Counter()
-    by_reason: Counter = Counter()
-    buffers: dict[str, list[dict]] = {"trajectory": [], "quarantine": []}
     with wh.table_writer("trajectories", TRAJECTORY_SCHEMA) as traj_w, wh.table_writer(
         "quarantine", QUARANTINE_SCHEMA
     ) as quar_w:
-        writers = {"trajectory": (traj_w, TRAJECTORY_SCHEMA), "quarantine": (quar_w, QUARANTINE_SCHEMA)}
-
-        def flush(kind: str) -> None:
-            if buffers[kind]:
-                writer, schema = writers[kind]
-                writer.write_table(pa.Table.from_pylist(buffers[kind], schema=schema))
-                buffers[kind].clear()
-
-        for kind, row in iter_ingest(inputs):
-            counts["read"] += 1
-            counts[kind] += 1
-            if kind == "trajectory":
-                by_format[row["source_format"]] += 1
-            elif kind == "quarantine":
-                by_reason[row["reason"].split(":", 1)[0]] += 1
-            if kind in buffers:
-                buffers[kind].append(row)
-                if len(buffers[kind]) >= BATCH_ROWS:
-                    flush(kind)
-        flush("trajectory")
-        flush("quarantine")
-    assert counts["read"] == counts["trajectory"] + counts["quarantine"] + counts["duplicate"]
-    return {
-        "read": counts["read"],
-        "ingested": counts["trajectory"],
-        "quarantined": counts["quarantine"],
-        "duplicates": counts["duplicate"],
-        "by_format": dict(by_format),
-        "quarantine_reasons": dict(by_reason),
-    }
+        return stream_ingest(inputs, traj_w, quar_w, workers=workers)
 
 
 def write_turns(wh: Warehouse) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -119,7 +119,17 @@ def generate_rollouts(
 
 
 # -- scoring ---------------------------------------------------------------------------------
+# Scoring merges three streams, all in trajectory-file order: the pending turns, the trajectories (each read
+# and turned into Python once), and the unscored rollouts. A turn's state (messages[:message_index], a slice
+# sharing the trajectory's messages) and its parsed tools are built once and shared by its K samples: no state
+# is joined onto every sample. Memory follows SCORE_CHUNK and DuckDB's sort budget, not the table.
+SCORE_MEMORY = "1GB"
+TRAJECTORY_BATCH = 256
+
+
 def unscored_rollouts_sql(wh: Warehouse) -> str:
+    """The current rollouts of the wanted turns with no reward under $verifier_fp: (turn_id, sample_index,
+    completion) only, no state."""
     scored = (
         f"""and not exists (select 1 from read_parquet('{wh.source_glob('rollout_rewards')}') s
               where s.turn_id = r.turn_id and s.policy_fp = r.policy_fp and s.sampling_fp = r.sampling_fp
@@ -128,14 +138,21 @@ def unscored_rollouts_sql(wh: Warehouse) -> str:
         else ""
     )
     return f"""
-        select r.turn_id, r.sample_index, r.completion, u.domain, u.expert_action, u.message_index,
-               t.tools, t.messages
+        select r.turn_id, r.sample_index, r.completion
         from read_parquet('{wh.source_glob('rollouts')}') r
         join wanted using (turn_id)
-        join read_parquet('{wh.table_path('turns')}') u using (turn_id)
-        join read_parquet('{wh.table_path('trajectories')}') t on t.trajectory_id = u.trajectory_id
         where r.policy_fp = $policy_fp and r.sampling_fp = $sampling_fp {scored}
-        order by r.turn_id, r.sample_index
+    """
+
+
+def pending_turns_sql(wh: Warehouse) -> str:
+    """The turns with unscored rollouts and where their trajectory is (its row in the trajectories file)."""
+    return f"""
+        select u.turn_id, u.domain, u.expert_action, u.message_index, t.file_row_number as trajectory_row
+        from (select distinct turn_id from ({unscored_rollouts_sql(wh)})) p
+        join read_parquet('{wh.table_path('turns')}') u using (turn_id)
+        join read_parquet('{wh.table_path('trajectories')}', file_row_number = true) t using (trajectory_id)
+        order by trajectory_row, u.message_index
     """
 
 
@@ -144,44 +161,122 @@ def _with_wanted(con: duckdb.DuckDBPyConnection, turn_ids: Iterable[str]) -> Non
     con.register("wanted", pa.table({"turn_id": pa.array(sorted(set(turn_ids)), pa.string())}))
 
 
-def score_rollouts(
-    wh: Warehouse, verifiers, policy_fp: str, sampling_fp: str, turn_ids: Iterable[str], progress_log=None
-) -> dict:
-    """Score every current rollout of the wanted turns not yet scored under this verifier fingerprint."""
-    from pivot_assets.verifiers import parse_candidate
-
-    verifier_fp = verifiers.fingerprint
-    con = duckdb.connect()
-    _with_wanted(con, turn_ids)
+def _scoring_params(wh: Warehouse, policy_fp: str, sampling_fp: str, verifier_fp: str) -> dict:
     params = {"policy_fp": policy_fp, "sampling_fp": sampling_fp}
     if wh.part_files("rollout_rewards"):
         params["verifier_fp"] = verifier_fp
-    cur = con.execute(unscored_rollouts_sql(wh), params)
+    return params
+
+
+def _rows(reader) -> Iterator[dict]:
+    """Rows of an Arrow record-batch stream, one batch in memory at a time."""
+    for batch in reader:
+        yield from batch.to_pylist()
+
+
+class TurnContext:
+    """What a turn's samples are scored against, built once per turn and shared by all of them."""
+
+    __slots__ = ("domain", "expected_action", "tools", "state")
+
+    def __init__(self, turn: dict, trajectory: dict):
+        self.domain, self.expected_action = turn["domain"], turn["expert_action"]
+        self.tools = trajectory["tools"]
+        self.state = trajectory["messages"][: turn["message_index"]]
+
+
+def _trajectories_in_file_order(wh: Warehouse) -> Iterator[dict]:
+    """Every trajectory row in file order with a lazily built Python view: messages and parsed tools."""
+    import pyarrow.parquet as pq
+
+    for batch in pq.ParquetFile(wh.table_path("trajectories")).iter_batches(
+            batch_size=TRAJECTORY_BATCH, columns=["messages", "tools"]):
+        for i in range(batch.num_rows):
+            yield _LazyTrajectory(batch, i)
+
+
+class _LazyTrajectory(dict):
+    """A trajectory row converted to Python only when a pending turn needs it (most rows may not)."""
+
+    def __init__(self, batch: pa.RecordBatch, index: int):
+        super().__init__()
+        self._batch, self._index = batch, index
+
+    def __missing__(self, key):
+        row = self._batch.slice(self._index, 1).to_pylist()[0]
+        self.update(messages=row["messages"] or [], tools=json.loads(row["tools"] or "[]"))
+        return self[key]
+
+
+def turn_contexts(wh: Warehouse, pending_turns: Iterator[dict]) -> Iterator[tuple[str, TurnContext]]:
+    """(turn_id, context) for the pending turns (sorted by trajectory row), each trajectory read once."""
+    trajectories = enumerate(_trajectories_in_file_order(wh))
+    row, trajectory = -1, None
+    for turn in pending_turns:
+        while row < turn["trajectory_row"]:
+            row, trajectory = next(trajectories)
+        yield turn["turn_id"], TurnContext(turn, trajectory)
+
+
+def scoring_batches(wh: Warehouse, con: duckdb.DuckDBPyConnection, params: dict,
+                    chunk_rows: int = SCORE_CHUNK) -> Iterator[list[tuple[dict, TurnContext]]]:
+    """Batches of (rollout row, its turn's context), each of whole turns and about chunk_rows rows."""
+    pending = con.execute(pending_turns_sql(wh), params).fetch_arrow_table()  # small: no text but the action
+    if pending.num_rows == 0:
+        return
+    con.register("pending", pending.select(["turn_id", "trajectory_row", "message_index"]))
+    rollouts = _rows(con.execute(
+        f"""select r.turn_id, r.sample_index, r.completion from ({unscored_rollouts_sql(wh)}) r join pending p using (turn_id)
+            order by p.trajectory_row, p.message_index, r.sample_index""", params).fetch_record_batch(chunk_rows))
+    contexts = turn_contexts(wh, (row for b in pending.to_batches(max_chunksize=chunk_rows) for row in b.to_pylist()))
+    batch: list[tuple[dict, TurnContext]] = []
+    current_id, current = None, None
+    for rollout in rollouts:
+        if rollout["turn_id"] != current_id:
+            if len(batch) >= chunk_rows:
+                yield batch
+                batch = []
+            current_id = rollout["turn_id"]
+            current = _advance_to(contexts, current_id)
+        batch.append((rollout, current))
+    if batch:
+        yield batch
+
+
+def _advance_to(contexts: Iterator[tuple[str, TurnContext]], turn_id: str) -> TurnContext:
+    # both streams follow (trajectory row, message index) and every pending turn has rollouts
+    for tid, context in contexts:
+        if tid == turn_id:
+            return context
+    raise ValueError(f"turn {turn_id} has rollouts but no row in turns/trajectories")
+
+
+def score_rollouts(
+    wh: Warehouse, verifiers, policy_fp: str, sampling_fp: str, turn_ids: Iterable[str], progress_log=None
+) -> dict:
+    """Score every current rollout of the wanted turns not yet scored under this verifier fingerprint.
+
+    One atomic part per batch of whole turns; each turn's state is read once and shared by its samples."""
+    from pivot_assets.verifiers import parse_candidate
+
+    verifier_fp = verifiers.fingerprint
+    con = duckdb.connect(config={"memory_limit": SCORE_MEMORY})
+    _with_wanted(con, turn_ids)
     n = 0
     reasons: dict[str, int] = {}
     t0 = time.perf_counter()
-    while rows := cur.fetchmany(SCORE_CHUNK):
-        items = [
-            {
-                "domain": domain,
-                "expected_action": expert,
-                "candidate": completion,
-                "tools": tools,
-                "state": list(messages[:idx]),
-            }
-            for _, _, completion, domain, expert, idx, tools, messages in rows
-        ]
-        scores = verifiers.score_rows(items)
+    for batch in scoring_batches(wh, con, _scoring_params(wh, policy_fp, sampling_fp, verifier_fp)):
+        items = [{"domain": c.domain, "expected_action": c.expected_action, "candidate": r["completion"],
+                  "tools": c.tools, "state": c.state} for r, c in batch]
         out = []
-        for (tid, si, completion, domain, *_), sc in zip(rows, scores):
-            action, _err = parse_candidate(completion)
-            out.append(
-                {
-                    "turn_id": tid, "policy_fp": policy_fp, "sampling_fp": sampling_fp, "sample_index": si,
-                    "verifier_fp": verifier_fp, "domain": domain, "reward": float(sc.reward), "reason": sc.reason,
-                    "detail": sc.detail, "action": canonical_json(action) if action is not None else None,
-                }
-            )
+        for (rollout, context), sc in zip(batch, verifiers.score_rows(items)):
+            action, _err = parse_candidate(rollout["completion"])
+            out.append({
+                "turn_id": rollout["turn_id"], "policy_fp": policy_fp, "sampling_fp": sampling_fp,
+                "sample_index": rollout["sample_index"], "verifier_fp": verifier_fp, "domain": context.domain,
+                "reward": float(sc.reward), "reason": sc.reason, "detail": sc.detail,
+                "action": canonical_json(action) if action is not None else None,
+            })
             reasons[sc.reason] = reasons.get(sc.reason, 0) + 1
         wh.append_part("rollout_rewards", pa.Table.from_pylist(out, schema=REWARDS_SCHEMA))
         n += len(out)

@@ -42,7 +42,8 @@ def build_world() -> dict[str, pl.DataFrame]:
         messages = _conversation(n)
         traj = trajectory_id(messages, TOOLS)
         trajectories.append({"trajectory_id": traj, "source": "handmade", "record": str(n), "source_format": "openai_chat",
-                             "domain": "retail", "messages": messages, "tools": canonical_json(TOOLS), "outcome_reward": 1.0})
+                             "domain": "retail", "messages": messages, "tools": canonical_json(TOOLS), "outcome_reward": 1.0,
+                             "conversation_id": traj})
         for turn_index, index in enumerate(i for i, m in enumerate(messages) if m["role"] == "assistant"):
             kind, action = action_from_message(messages[index])
             tid = turn_id(traj, index)
@@ -193,3 +194,69 @@ def test_empty_pivot_set_passes_and_missing_profile_column_is_named(world):
     assert check(world, "pivots_adv", world["pivots_adv"].head(0)).success
     result = check(world, "turn_profiles", world["turn_profiles"].drop("n_pass"))
     assert not result.success and "expect_column_to_exist:n_pass" in failed(result)
+
+
+# -- where the data is: Parquet files checked in DuckDB, exact beyond the GE sample ------------------
+
+
+def big_rewards(n_turns: int = 600, bad_from: int = 2000) -> pl.DataFrame:
+    """K=8 rewards for n_turns turns; every row from `bad_from` on has reward 2.0 (out of range)."""
+    n = n_turns * 8
+    return pl.DataFrame({
+        "turn_id": [f"t{i // 8:06d}" for i in range(n)], "policy_fp": ["p"] * n, "sampling_fp": ["s"] * n,
+        "sample_index": [i % 8 for i in range(n)], "verifier_fp": ["v"] * n,
+        "reward": [2.0 if i >= bad_from else float(i % 2) for i in range(n)], "reason": ["OK"] * n,
+        "action": [None] * n, "domain": ["d"] * n,
+    }, schema_overrides={"sample_index": pl.Int32})
+
+
+def test_parquet_check_counts_every_row_not_just_the_sample(tmp_path):
+    from pivot_assets.curation.contracts import GX_SAMPLE_ROWS, check_parquet
+
+    rewards = big_rewards()
+    assert rewards.height - 2000 > GX_SAMPLE_ROWS  # the bad rows lie past the GE sample's first rows
+    parts = tmp_path / "rollout_rewards"
+    parts.mkdir()
+    for i, start in enumerate(range(0, rewards.height, 1000)):  # a parted table, as the profiler writes it
+        rewards.slice(start, 1000).write_parquet(parts / f"part-{i:03d}.parquet")
+    result = check_parquet("rollout_rewards", {"rollout_rewards": str(parts / "part-*.parquet")})
+    assert not result.success and result.n_rows == rewards.height
+    failure = failed(result)["expect_column_values_to_be_between:reward"]
+    assert failure["unexpected_count"] == rewards.height - 2000  # exact, from SQL over every row
+    assert failure["sample_rows"] and all(r["reward"] == 2.0 for r in failure["sample_rows"])
+    assert result.statistics["rows_validated_by_gx"] <= GX_SAMPLE_ROWS + 5
+    # the same rows as a frame give the same verdict
+    same = run_contract("rollout_rewards", rewards)
+    assert failed(same).keys() == failed(result).keys() and same.n_rows == result.n_rows
+
+
+def test_duplicates_far_apart_are_found_and_shown_together(tmp_path):
+    from pivot_assets.curation.contracts import check_parquet
+
+    rewards = big_rewards(bad_from=10**9)
+    duplicated = pl.concat([rewards, rewards.head(1)])  # the copy is 4800 rows after the original
+    duplicated.write_parquet(tmp_path / "r.parquet")
+    result = check_parquet("rollout_rewards", {"rollout_rewards": str(tmp_path / "r.parquet")})
+    failure = failed(result)["expect_compound_columns_to_be_unique:['turn_id', 'policy_fp', 'sampling_fp', 'sample_index', 'verifier_fp']"]
+    assert failure["unexpected_count"] == 2 and len(failure["sample_rows"]) == 2
+
+
+def test_profiles_contract_joins_rewards_in_sql(world, tmp_path):
+    from pivot_assets.curation.contracts import check_parquet
+
+    world["turn_profiles"].write_parquet(tmp_path / "turn_profiles.parquet")
+    rewards = world["rollout_rewards"].filter(~((pl.col("sample_index") == 3) & (pl.col("turn_id") == world["turns"]["turn_id"][0])))
+    rewards.write_parquet(tmp_path / "rollout_rewards.parquet")
+    result = check_parquet("turn_profiles", {"turn_profiles": str(tmp_path / "turn_profiles.parquet"),
+                                             "rollout_rewards": str(tmp_path / "rollout_rewards.parquet")})
+    failure = failed(result)["expect_column_values_to_be_between:k_gap"]
+    assert failure["unexpected_count"] == 1 and failure["sample_rows"][0]["k_gap"] == -1
+
+
+def test_prewarm_builds_one_context_in_the_background(world):
+    from pivot_assets.curation import contracts
+
+    contracts.prewarm()
+    contracts.prewarm()
+    assert contracts._context() is contracts._context()
+    assert check(world, "quarantine").success

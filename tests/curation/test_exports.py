@@ -80,9 +80,9 @@ def test_hf_export_loads_from_disk_with_chat_shaped_prompts(worlds, tmp_path):
         for row, (pivot, state, tools) in zip(dataset, iter_pivot_states(pivots, trajectories)):
             assert row["turn_id"] == pivot["turn_id"] and row["expert_action"] == pivot["expert_action"]
             assert json.loads(row["tools"]) == tools
-            # Same messages as the profiling prompt renderer sees; absent keys come back as None.
+            # Same messages as the profiling prompt renderer sees; absent keys come back as None, no calls as [].
             expected = to_template_messages(state)
-            assert [{k: v for k, v in m.items() if v is not None} for m in row["prompt"]] == expected
+            assert [{k: v for k, v in m.items() if v not in (None, [])} for m in row["prompt"]] == expected
     rich = load_from_disk(str(tmp_path / "hf1"))
     calls = [c for row in rich for m in row["prompt"] for c in (m["tool_calls"] or [])]
     # Heterogeneous argument objects stay exactly themselves (no merged struct with null keys).

@@ -1,0 +1,366 @@
+"""Streaming ingest: the configured inputs -> bounded work units -> rows in input order -> dedup -> Parquet.
+
+Memory follows the unit size, not the input (Dagster-free):
+  - the input is cut into units: a JSONL file into byte ranges of whole lines (UNIT_BYTES), a Parquet file into
+    row groups, a Hugging Face dataset into row ranges (UNIT_RECORDS), a .json file is one unit (it is one JSON
+    document: memory follows the largest such file);
+  - each unit is processed on its own, in worker processes when the input is large enough to pay for them:
+    JSONL lines go through the DuckDB chat adapter (chat_sql.py) and whatever it hands back, like every record
+    of the other readers, through the Python adapters of formats.py (the reference), which return a row or a
+    quarantine reason; at most `workers + 1` units are in flight;
+  - the parent takes unit results in input order, drops trajectories whose content hash it has seen (the only
+    state that grows: one short id per distinct trajectory) and streams both tables into Parquet.
+Invariant, per unit and in total: read = ingested + quarantined + duplicates.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pivot_assets.core.catalog import QUARANTINE_SCHEMA, TRAJECTORY_SCHEMA
+
+from . import formats
+
+UNIT_BYTES = 16 << 20  # JSONL bytes per unit: amortizes ~25 ms of fixed cost per unit; a few in flight stay < 1 GB
+UNIT_RECORDS = 2048  # records per unit for the row readers (Parquet row groups are merged up to this)
+SQL_FORMATS = ("auto", "openai")  # inputs whose JSONL lines the DuckDB chat adapter may take
+BLANK = b" \t\n\r\x0b\x0c"  # what bytes.strip() removes: a line of only these is no record
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One bounded piece of one input file."""
+
+    kind: str  # "jsonl" (byte range), "parquet" (row groups), "hf" (row range), "json" (whole file)
+    path: str
+    fmt: str
+    domain: str | None
+    offset: int = 0  # jsonl: first byte; parquet: first row group; hf: first row
+    length: int = 0  # jsonl: bytes; parquet: row groups; hf: rows
+    first_record: int = 0  # record number of the unit's first line / row
+
+
+@dataclass
+class UnitResult:
+    trajectories: pa.Table  # candidates (before dedup), in record order
+    quarantine: pa.Table
+    read: int  # records read (non-blank lines, rows, JSON elements)
+    by_path: Counter = field(default_factory=Counter)  # "sql" / "python": how the accepted rows were adapted
+
+
+# ---------------------------------------------------------------------------------------------- planning
+
+
+def plan_units(inputs: Iterable, unit_bytes: int = UNIT_BYTES, unit_records: int = UNIT_RECORDS) -> Iterator[Unit]:
+    """Units of every input in input order (paths expanded as formats.expand_paths does)."""
+    for item in inputs:
+        spec = formats._as_input(item)
+        for path in formats.expand_paths(spec.path):
+            yield from _file_units(path, spec, unit_bytes, unit_records)
+
+
+def _file_units(path: Path, spec: formats.Input, unit_bytes: int, unit_records: int) -> Iterator[Unit]:
+    common = {"path": str(path), "fmt": spec.format, "domain": spec.domain}
+    if path.is_dir():
+        n_rows = _hf_rows(path)
+        for start in range(0, n_rows, unit_records):
+            yield Unit("hf", offset=start, length=min(unit_records, n_rows - start), first_record=start, **common)
+    elif path.suffix.lower() == ".jsonl":
+        yield from _jsonl_units(path, common, unit_bytes)
+    elif path.suffix.lower() == ".parquet":
+        yield from _parquet_units(path, common, unit_records)
+    else:
+        yield Unit("json", **common)
+
+
+def _jsonl_units(path: Path, common: dict, unit_bytes: int) -> Iterator[Unit]:
+    """Byte ranges of whole lines; the parent reads each range once to count its lines (the record numbers)."""
+    offset, line = 0, 0
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(unit_bytes)
+            if not block:
+                return
+            end = block.rfind(b"\n") + 1
+            if end == 0:  # a line longer than the unit: extend to its end
+                rest = f.readline()
+                block, end = block + rest, len(block) + len(rest)
+            f.seek(offset + end)
+            yield Unit("jsonl", offset=offset, length=end, first_record=line, **common)
+            line += block.count(b"\n", 0, end)
+            offset += end
+
+
+def _parquet_units(path: Path, common: dict, unit_records: int) -> Iterator[Unit]:
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(path).metadata
+    group, record = 0, 0
+    while group < meta.num_row_groups:
+        first, rows = group, 0
+        while group < meta.num_row_groups and (rows == 0 or rows + meta.row_group(group).num_rows <= unit_records):
+            rows += meta.row_group(group).num_rows
+            group += 1
+        yield Unit("parquet", offset=first, length=group - first, first_record=record, **common)
+        record += rows
+
+
+def _hf_rows(path: Path) -> int:
+    return sum(len(split) for split in _hf_splits(path))
+
+
+def _hf_splits(path: Path) -> list:
+    import datasets
+
+    loaded = datasets.load_from_disk(str(path))
+    return [loaded[name] for name in loaded] if isinstance(loaded, datasets.DatasetDict) else [loaded]
+
+
+# ---------------------------------------------------------------------------------------------- one unit
+
+
+def run_unit(unit: Unit) -> UnitResult:
+    """Adapt every record of one unit: trajectory rows (not yet deduplicated) and quarantine rows."""
+    if unit.kind == "jsonl":
+        return _run_jsonl(unit)
+    return _adapt_in_python(_unit_records(unit), unit)
+
+
+def _run_jsonl(unit: Unit) -> UnitResult:
+    with open(unit.path, "rb") as f:
+        f.seek(unit.offset)
+        data = f.read(unit.length)
+    lines = split_lines(data, unit.first_record)
+    accepted = _sql_rows(lines, unit) if unit.fmt in SQL_FORMATS and lines.num_rows else None
+    numbers = lines.column("line_no").to_numpy()
+    handed_back = ~np.isin(numbers, accepted.column("record").to_numpy()) if accepted is not None else np.ones(len(numbers), bool)
+    starts, ends = lines.column("start").to_numpy(), lines.column("end").to_numpy()
+    rest = [formats.jsonl_record(unit.path, int(numbers[i]), data[starts[i]:ends[i]]) for i in np.flatnonzero(handed_back)]
+    result = _adapt_in_python(rest, unit, read=lines.num_rows)
+    if accepted is not None and accepted.num_rows:
+        result.trajectories = _in_record_order(accepted, result.trajectories)
+        result.by_path["sql"] += accepted.num_rows
+    return result
+
+
+def _in_record_order(accepted: pa.Table, adapted: pa.Table) -> pa.Table:
+    """Both adapters' rows merged in record order (dedup keeps the first occurrence, as the reference does)."""
+    if adapted.num_rows == 0 and bool(np.all(np.diff(accepted.column("record").to_numpy()) > 0)):
+        return accepted  # the common case: nothing handed back, already in line order (no copy)
+    both = pa.concat_tables([accepted, adapted])
+    return both.take(pc.sort_indices(both.column("record")))
+
+
+def split_lines(data: bytes, first_line: int) -> pa.Table:
+    """(line_no, start, end, line) of every non-blank line of `data` (whole lines; the text keeps its newline,
+    as Python's binary line iteration does). A line that is not valid UTF-8 gets line = null."""
+    buf = np.frombuffer(data, np.uint8)
+    ends = np.flatnonzero(buf == 10) + 1
+    if len(data) and (not len(ends) or ends[-1] != len(data)):
+        ends = np.append(ends, len(data))
+    starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+    table = pa.table({"line_no": np.arange(first_line, first_line + len(ends), dtype=np.int64), "start": starts,
+                      "end": ends.astype(np.int64), "line": _text_column(data, starts, ends)})
+    keep = _non_blank(buf, starts, ends)
+    return table if keep.all() else table.filter(pa.array(keep))
+
+
+def _non_blank(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    # Most lines start with "{": only the others are checked byte by byte.
+    keep = np.ones(len(starts), bool)
+    for i in np.flatnonzero(buf[starts] != ord("{")) if len(starts) else []:
+        keep[i] = bool(bytes(buf[starts[i]:ends[i]]).strip(BLANK))
+    return keep
+
+
+def _text_column(data: bytes, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
+    """The lines (contiguous) as a large_string array: zero-copy over `data` when it is valid UTF-8; else the
+    invalid lines are null (formats.jsonl_record quarantines them as non_utf8)."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        texts = []
+        for a, b in zip(starts, ends):
+            try:
+                texts.append(data[a:b].decode("utf-8"))
+            except UnicodeDecodeError:
+                texts.append(None)
+        return pa.array(texts, pa.large_string())
+    offsets = np.append(starts, ends[-1:] if len(ends) else [0]).astype(np.int64)
+    return pa.LargeStringArray.from_buffers(len(starts), pa.py_buffer(offsets), pa.py_buffer(data))
+
+
+def _sql_rows(lines: pa.Table, unit: Unit) -> pa.Table:
+    """The lines the DuckDB chat adapter accepts, as TRAJECTORY_SCHEMA rows."""
+    from . import chat_sql
+
+    usable = lines.filter(pc.is_valid(lines.column("line")))
+    rows = chat_sql.accepted_records(_connection(), usable.select(["line_no", "line"]))
+    n = rows.num_rows
+    domain = (pa.array([unit.domain] * n, pa.string()) if unit.domain
+              else pc.fill_null(rows.column("record_domain"), "default"))
+    return pa.table({
+        "trajectory_id": rows.column("trajectory_id"),
+        "source": pa.array([unit.path] * n, pa.string()),
+        "record": rows.column("line_no"),
+        "source_format": rows.column("source_format"),
+        "domain": domain,
+        "messages": rows.column("messages"),
+        "tools": rows.column("tools"),
+        "outcome_reward": rows.column("outcome_reward"),
+        "conversation_id": rows.column("conversation_id"),
+    }).cast(TRAJECTORY_SCHEMA)
+
+
+_CONNECTION = None
+
+
+def _connection():
+    """One DuckDB connection per process, single-threaded: parallelism comes from the worker processes."""
+    global _CONNECTION
+    if _CONNECTION is None:
+        from . import chat_sql
+
+        _CONNECTION = chat_sql.connect(threads=1)
+    return _CONNECTION
+
+
+def _unit_records(unit: Unit) -> Iterator[formats.RawRecord]:
+    path = Path(unit.path)
+    if unit.kind == "json":
+        yield from formats.read_json(path)
+    elif unit.kind == "parquet":
+        import pyarrow.parquet as pq
+
+        groups = list(range(unit.offset, unit.offset + unit.length))
+        index = unit.first_record
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=formats.PARQUET_BATCH_ROWS, row_groups=groups):
+            for row in batch.to_pylist():
+                yield formats.RawRecord(unit.path, index, value=row)
+                index += 1
+    elif unit.kind == "hf":
+        yield from _hf_records(path, unit)
+
+
+def _hf_records(path: Path, unit: Unit) -> Iterator[formats.RawRecord]:
+    start, stop, base = unit.offset, unit.offset + unit.length, 0
+    for split in _hf_splits(path):
+        lo, hi = max(start - base, 0), min(stop - base, len(split))
+        for i in range(lo, hi):
+            yield formats.RawRecord(unit.path, base + i, value=split[i])
+        base += len(split)
+
+
+def _adapt_in_python(records: Iterable[formats.RawRecord], unit: Unit, read: int | None = None) -> UnitResult:
+    """The reference adapters, one record at a time: (row or reason) each."""
+    rows: dict[str, list] = {"trajectory": [], "quarantine": []}
+    n = 0
+    for raw in records:
+        kind, row = formats.ingest_record(raw, unit.fmt, unit.domain)
+        rows[kind].append(row)
+        n += 1
+    return UnitResult(
+        trajectories=pa.Table.from_pylist(rows["trajectory"], schema=TRAJECTORY_SCHEMA),
+        quarantine=pa.Table.from_pylist(rows["quarantine"], schema=QUARANTINE_SCHEMA),
+        read=n if read is None else read,
+        by_path=Counter({"python": len(rows["trajectory"])}),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- the stream
+
+
+def unit_results(units: Iterable[Unit], workers: int) -> Iterator[UnitResult]:
+    """Results in unit order; with workers > 1, at most workers + 1 units in flight in spawned processes."""
+    if workers <= 1:
+        for unit in units:
+            yield run_unit(unit)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # spawn: the parent may be a threaded Dagster process, which must not be forked
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pending: deque = deque()
+        for unit in units:
+            pending.append(pool.submit(run_unit, unit))
+            if len(pending) > workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+class Deduplicator:
+    """Keeps the first row of each trajectory_id across the whole input; holds only the ids seen."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def first_occurrences(self, table: pa.Table) -> tuple[pa.Table, int]:
+        keep = []
+        for tid in table.column("trajectory_id").to_pylist():
+            keep.append(tid not in self.seen)
+            self.seen.add(tid)
+        mask = pa.array(keep, pa.bool_())
+        return table.filter(mask), len(keep) - sum(keep)
+
+
+def default_workers(inputs: list, unit_bytes: int = UNIT_BYTES) -> int:
+    """Worker processes for an input: one per core ($PIVOT_INGEST_WORKERS caps it), none for an input too small
+    to repay starting them (spawned workers cost about a second)."""
+    total = 0
+    for item in inputs:
+        for path in formats.expand_paths(formats._as_input(item).path):
+            total += sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
+    if total < 4 * unit_bytes:
+        return 1
+    return max(1, min(os.cpu_count() or 1, int(os.environ.get("PIVOT_INGEST_WORKERS", "64"))))
+
+
+def stream_ingest(inputs: list, trajectory_writer, quarantine_writer, *, workers: int | None = None,
+                  unit_bytes: int = UNIT_BYTES) -> dict:
+    """Write every input record to `trajectory_writer` or `quarantine_writer` (pyarrow ParquetWriter-likes);
+    returns the counts: read, ingested, quarantined, duplicates, by_format, quarantine_reasons, by_adapter."""
+    workers = default_workers(inputs, unit_bytes) if workers is None else workers
+    dedup = Deduplicator()
+    counts: Counter = Counter()
+    by_format: Counter = Counter()
+    reasons: Counter = Counter()
+    by_adapter: Counter = Counter()
+    for result in unit_results(plan_units(inputs, unit_bytes), workers):
+        if result.read != result.trajectories.num_rows + result.quarantine.num_rows:
+            raise RuntimeError(f"ingest lost records in a unit: read {result.read}, adapted "
+                               f"{result.trajectories.num_rows + result.quarantine.num_rows}")
+        kept, duplicates = dedup.first_occurrences(result.trajectories)
+        if kept.num_rows:
+            trajectory_writer.write_table(kept)
+        if result.quarantine.num_rows:
+            quarantine_writer.write_table(result.quarantine)
+        counts.update(read=result.read, ingested=kept.num_rows, quarantined=result.quarantine.num_rows,
+                      duplicates=duplicates)
+        by_format.update(_value_counts(kept.column("source_format")))
+        reasons.update(_value_counts(_categories(result.quarantine)))
+        by_adapter.update(result.by_path)
+    if counts["read"] != counts["ingested"] + counts["quarantined"] + counts["duplicates"]:
+        raise RuntimeError(f"ingest counts do not add up: {dict(counts)}")
+    return {"read": counts["read"], "ingested": counts["ingested"], "quarantined": counts["quarantined"],
+            "duplicates": counts["duplicates"], "by_format": dict(by_format), "quarantine_reasons": dict(reasons),
+            "by_adapter": dict(by_adapter), "workers": workers}
+
+
+def _categories(quarantine: pa.Table) -> pa.Array:
+    return pa.array([reason.split(":", 1)[0] for reason in quarantine.column("reason").to_pylist()], pa.string())
+
+
+def _value_counts(column) -> dict:
+    if isinstance(column, list) or len(column) == 0:
+        return {}
+    return {row["values"]: row["counts"] for row in pc.value_counts(column).to_pylist()}
