@@ -133,6 +133,18 @@ class RuntimeSection(_Strict):
         return v
 
 
+class ScaleSection(_Strict):
+    """Past one machine (README "Scale"): profiling tables partitioned by shard = hash(trajectory_id) mod shards.
+
+    shards: 1 and engine: local keep the single-process pipeline. Keep shards below 100: Dagster stops tracking
+    data-version dependencies across 100 or more upstream partitions.
+    """
+
+    shards: int = Field(1, ge=1, le=99)
+    engine: Literal["local", "ray"] = "local"
+    ray_address: str | None = None  # e.g. ray://head:10001 or 127.0.0.1:6379; null with engine ray: $RAY_ADDRESS
+
+
 class SampleSection(_Strict):
     """The embedded synthetic sample used when `inputs` is omitted."""
 
@@ -150,6 +162,7 @@ class PivotConfig(_Strict):
     training: TrainingSection = Field(default_factory=TrainingSection)
     sft: SFTSection = Field(default_factory=SFTSection)
     runtime: RuntimeSection = Field(default_factory=RuntimeSection)
+    scale: ScaleSection = Field(default_factory=ScaleSection)
     ablation: AblationSection | None = None  # present: the ablation_results asset and `ablation_job` run it
     # Directory the relative paths above are resolved against (the config file's folder).
     base_dir: str = "."

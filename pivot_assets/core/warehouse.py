@@ -4,6 +4,8 @@ Layout under the warehouse dir:
     <table>.parquet            a whole table, rewritten atomically (temp file, then rename)
     <table>/part-*.parquet     an incremental table: append-only parts, each written atomically, so a
                                crash (even kill -9) loses at most the part being written
+    <table>/shard=NNN/part-*.parquet   the same, per shard (`scale.shards` > 1); a part written with a `key`
+                               has a deterministic name (part-<key>.parquet), so a rerun overwrites, never duplicates
     pivot.duckdb               one view per table and per sql/*.sql file, plus the macros in sql/*macros.sql
 """
 
@@ -25,6 +27,15 @@ import pyarrow.parquet as pq
 from pivot_assets.core.catalog import SQL_DIR
 DUCKDB_FILE = "pivot.duckdb"
 _NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+
+_KEY = re.compile(r"^[A-Za-z0-9_.=-]+$")
+
+
+def _check_key(key: str) -> str:
+    if not _KEY.match(key):
+        raise ValueError(f"invalid part key {key!r}")
+    return key
 
 
 def _check_name(name: str) -> str:
@@ -49,9 +60,16 @@ class Warehouse:
     def parts_dir(self, name: str) -> Path:
         return self.root / _check_name(name)
 
-    def part_files(self, name: str) -> list[Path]:
-        d = self.parts_dir(name)
-        return sorted(d.glob("part-*.parquet")) if d.is_dir() else []
+    def shard_dir(self, name: str, shard: int) -> Path:
+        return self.parts_dir(name) / f"shard={shard:03d}"
+
+    def part_files(self, name: str, shard: int | None = None) -> list[Path]:
+        """Every part of an incremental table (all shards), or one shard's parts."""
+        d = self.parts_dir(name) if shard is None else self.shard_dir(name, shard)
+        if not d.is_dir():
+            return []
+        return sorted(d.glob("part-*.parquet") if shard is not None else
+                      [*d.glob("part-*.parquet"), *d.glob("shard=*/part-*.parquet")])
 
     def model_dir(self, name: str) -> Path:
         """Where a trained policy (an HF model dir) of this warehouse lives: models/<name>."""
@@ -60,11 +78,13 @@ class Warehouse:
     def exists(self, name: str) -> bool:
         return self.table_path(name).exists() or bool(self.part_files(name))
 
-    def source_glob(self, name: str) -> str:
-        """What DuckDB's read_parquet should read for this table."""
+    def source_glob(self, name: str, shard: int | None = None) -> str:
+        """What DuckDB's read_parquet should read for this table (or one shard of it)."""
         if self.table_path(name).exists():
             return str(self.table_path(name))
-        return str(self.parts_dir(name) / "part-*.parquet")
+        if shard is not None:
+            return str(self.shard_dir(name, shard) / "part-*.parquet")
+        return str(self.parts_dir(name) / "**" / "part-*.parquet")
 
     # -- writes ---------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -96,9 +116,15 @@ class Warehouse:
             finally:
                 writer.close()
 
-    def append_part(self, name: str, table: pa.Table) -> Path:
-        """Write one part of an incremental table (atomic: temp file then rename)."""
-        final = self.parts_dir(name) / f"part-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet"
+    def append_part(self, name: str, table: pa.Table, shard: int | None = None, key: str | None = None) -> Path:
+        """Write one part of an incremental table (atomic: temp file then rename).
+
+        `shard`: under <table>/shard=NNN/. `key`: a deterministic file name (part-<key>.parquet) that a rerun
+        of the same work overwrites; without it the name is time-ordered and unique.
+        """
+        folder = self.parts_dir(name) if shard is None else self.shard_dir(name, shard)
+        stem = _check_key(key) if key is not None else f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
+        final = folder / f"part-{stem}.parquet"
         with self.atomic_path(final) as tmp:
             pq.write_table(table, tmp, compression="zstd")
         return final
@@ -106,7 +132,8 @@ class Warehouse:
     def clean_temp_files(self, name: str) -> int:
         """Remove temp files a killed writer left behind (they are never read)."""
         removed = 0
-        for d in (self.root, self.parts_dir(name)):
+        shards = list(self.parts_dir(name).glob("shard=*")) if self.parts_dir(name).is_dir() else []
+        for d in (self.root, self.parts_dir(name), *shards):
             if d.is_dir():
                 for f in d.glob(".tmp-*"):
                     f.unlink(missing_ok=True)
