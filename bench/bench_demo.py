@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -31,12 +32,24 @@ def run_demo(mode: str, work: Path) -> dict:
     env = {**os.environ, "DAGSTER_HOME": str(work / "dagster_home"), "HF_HUB_OFFLINE": "1"}
     if mode == "fp32":
         env["PIVOT_NATIVE_BF16"] = "0"
-    t0 = time.perf_counter()
+    load = os.getloadavg()[0]
+    cpu0, t0 = cpu_seconds_of_children(), time.perf_counter()
     proc = subprocess.run([str(ROOT / ".venv" / "bin" / "pivot"), "run", "--config", str(config)], env=env,
                           capture_output=True, text=True)
-    total = time.perf_counter() - t0
+    total, cpu = time.perf_counter() - t0, cpu_seconds_of_children() - cpu0
     os.environ["DAGSTER_HOME"] = env["DAGSTER_HOME"]
-    return {"total_s": total, "steps": step_seconds(), "rc": proc.returncode, "tail": proc.stderr[-2000:]}
+    return {"total_s": total, "cpu_s": cpu, "load": (load, os.getloadavg()[0]), "steps": step_seconds(),
+            "rc": proc.returncode, "tail": proc.stderr[-2000:]}
+
+
+def cpu_seconds_of_children() -> float:
+    """User + system CPU seconds of every finished child process tree so far (workers included once reaped).
+
+    On a shared machine wall time measures the neighbours too; the CPU seconds of the run do not (much): a
+    single-threaded run on an idle machine takes about its CPU seconds of wall time, less where it runs
+    several workers at once."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def step_seconds() -> dict[str, float]:
@@ -86,6 +99,10 @@ def main() -> None:
     for step in steps:
         lines.append(f"| {step} | " + " | ".join(f"{r['steps'].get(step, 0):.0f}" for r in results.values()) + " |")
     lines.append("| **total `pivot run`** | " + " | ".join(f"**{r['total_s']:.0f}**" for r in results.values()) + " |")
+    lines.append("| CPU seconds of the run (all processes) | " + " | ".join(f"{r['cpu_s']:.0f}" for r in results.values())
+                 + " |")
+    lines.append("| load average at start / end | " + " | ".join(f"{r['load'][0]:.1f} / {r['load'][1]:.1f}"
+                                                              for r in results.values()) + " |")
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

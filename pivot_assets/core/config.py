@@ -121,11 +121,14 @@ class SFTSection(_Strict):
 
 
 class RuntimeSection(_Strict):
-    """How processes run torch: intra-op threads (auto = half the usable cores, bench/RESULTS_threads.md)."""
+    """How processes run torch: intra-op threads (auto = half the usable cores, bench/RESULTS_threads.md), and
+    how many independent model jobs (ablation arms, policies to evaluate) run at once in worker processes
+    (auto = usable cores // threads, fewer when memory is short: core/parallel.py)."""
 
     threads: int | Literal["auto"] = "auto"
+    workers: int | Literal["auto"] = "auto"
 
-    @field_validator("threads")
+    @field_validator("threads", "workers")
     @classmethod
     def _positive(cls, v):
         if v != "auto" and v < 1:

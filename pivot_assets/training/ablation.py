@@ -104,6 +104,22 @@ def train_arm(wh: "Warehouse", cfg: "PivotConfig", arm: str, seed: int, profilin
             "not_trained_on": not_trained}
 
 
+def _train_arm_job(root: str, cfg: "PivotConfig", arm: str, seed: int, held_out: set[str]) -> dict:
+    """train_arm in a worker process: its own warehouse handle and verifiers; log lines to stderr."""
+    import sys
+
+    from pivot_assets.core.hardware import configure_torch
+    from pivot_assets.core.warehouse import Warehouse
+    from pivot_assets.verifiers import DomainVerifiers
+
+    configure_torch(cfg.runtime.threads)
+
+    def log(message: str) -> None:
+        print(f"[ablation {arm} s{seed}] {message}", file=sys.stderr, flush=True)
+
+    return train_arm(Warehouse(root), cfg, arm, seed, DomainVerifiers(cfg.verifier), held_out, log)
+
+
 def run_ablation(wh: "Warehouse", cfg: "PivotConfig", verifiers, log: Callable[[str], None]) -> dict:
     """Train every (arm, seed), evaluate all of them with the base model and the reference. Returns
     {"rows": ablation_results rows, "runs": per-run rows, "steps": per-step rows, "sets", "eval_key", "wall_s"}."""
@@ -113,16 +129,24 @@ def run_ablation(wh: "Warehouse", cfg: "PivotConfig", verifiers, log: Callable[[
 
     if cfg.ablation is None:
         raise ValueError("ablation: the config has no `ablation:` section")
+    from pivot_assets.core.parallel import resolve_workers, run_jobs
+
     t0 = time.perf_counter()
     held_out = held_out_trajectories(wh, cfg.training.eval_fraction, cfg.training.seed)
-    runs, steps = [], []
-    for arm in cfg.ablation.arms:
-        for seed in cfg.ablation.seeds:
-            run = train_arm(wh, cfg, arm, seed, verifiers, held_out, log)
-            runs.append(run)
-            path = wh.model_dir(arm_dir(arm, seed)) / "ablation_steps.json"
-            if path.exists():
-                steps.extend(json.loads(path.read_text()))
+    jobs = [(arm, seed) for arm in cfg.ablation.arms for seed in cfg.ablation.seeds]
+    workers = resolve_workers(cfg.runtime.workers, cfg.runtime.threads, len(jobs))
+    if workers > 1:
+        log(f"ablation: {len(jobs)} arm runs, {workers} at a time in worker processes (runtime.workers)")
+        runs = run_jobs(_train_arm_job, [(str(wh.root), cfg, arm, seed, held_out) for arm, seed in jobs], workers)
+    else:
+        runs = [train_arm(wh, cfg, arm, seed, verifiers, held_out, log) for arm, seed in jobs]
+    steps = []
+    for run in runs:
+        log(f"ablation {run['arm']} seed {run['seed']}: "
+            + ("up to date" if run["skipped"] else f"trained in {run['train_s']} s on {run['n_train']} examples"))
+        path = wh.model_dir(arm_dir(run["arm"], run["seed"])) / "ablation_steps.json"
+        if path.exists():
+            steps.extend(json.loads(path.read_text()))
     policies = [Policy("base", base_model(cfg)), Policy("reference", reference_model(wh, cfg))]
     pooled: dict[str, list[str]] = {}
     for arm in cfg.ablation.arms:

@@ -21,6 +21,7 @@ import json
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from pivot_assets.core.config import PolicySection
@@ -235,12 +236,11 @@ def policy_scores(wh: "Warehouse", cfg: "PivotConfig", model: str, model_fp: str
     import pyarrow.parquet as pq
 
     from pivot_assets.core.hardware import resolve_dtype
-    from pivot_assets.core.ids import short_hash
 
     from .ood_probe import ood_accuracy
     from .runs import eval_seed
 
-    path = wh.root / "eval_cache" / f"{short_hash(model_fp + '|' + key, 24)}.parquet"
+    path = _cache_path(wh, model_fp, key)
     if path.exists():
         t = pq.read_table(path).to_pydict()
         turns = {i: s for kind, i, s in zip(t["kind"], t["id"], t["score"]) if kind == "turn"}
@@ -337,8 +337,9 @@ def score_policies(wh: "Warehouse", cfg: "PivotConfig", verifiers, policies: lis
     key = eval_key(cfg, sets, verifiers, probe)
     log(f"evaluation sets (held out): " + ", ".join(f"{k} {len(v)} turns" for k, v in sets.items())
         + f"; OOD probe {len(probe)} items; eval key {key}")
+    by_fp = _score_in_workers(wh, cfg, policies, key, rows, probe, log)
     progress = Progress(total=len(policies), unit=unit, log=log, every_s=0)
-    scored, by_fp = [], {}
+    scored = []
     for policy in policies:
         model_fp = policy_fingerprint(policy.model)
         if model_fp not in by_fp:
@@ -350,6 +351,47 @@ def score_policies(wh: "Warehouse", cfg: "PivotConfig", verifiers, policies: lis
                            f"{fmt_accuracy(sum(local) / len(local) if local else None)} on {len(local)} turns, "
                            f"ood {fmt_accuracy(sum(scores['ood']) / len(scores['ood']) if scores['ood'] else None)}")
     return scored, sets, key
+
+
+def _score_in_workers(wh: "Warehouse", cfg: "PivotConfig", policies: list[Policy], key: str, rows: list[dict],
+                      probe: list[dict], log) -> dict[str, dict]:
+    """Score the models not yet in the evaluation cache, several at once (runtime.workers); {model_fp: scores}.
+    With one worker this does nothing: score_policies scores them in turn."""
+    from pivot_assets.core.parallel import resolve_workers, run_jobs
+    from pivot_assets.policies.models import policy_fingerprint
+
+    todo: dict[str, str] = {}
+    for policy in policies:
+        fp = policy_fingerprint(policy.model)
+        if fp not in todo and not _cache_path(wh, fp, key).exists():
+            todo[fp] = policy.model
+    workers = resolve_workers(cfg.runtime.workers, cfg.runtime.threads, len(todo))
+    if workers <= 1:
+        return {}
+    log(f"evaluation: {len(todo)} models to score, {workers} at a time in worker processes (runtime.workers)")
+    jobs = [(str(wh.root), cfg, model, fp, key, rows, probe) for fp, model in todo.items()]
+    return dict(zip(todo, run_jobs(_policy_scores_job, jobs, workers)))
+
+
+def _policy_scores_job(root: str, cfg: "PivotConfig", model: str, model_fp: str, key: str, rows: list[dict],
+                       probe: list[dict]) -> dict:
+    """policy_scores in a worker process (the evaluation verifier is the profiling verifier)."""
+    import sys
+
+    from pivot_assets.core.hardware import configure_torch
+    from pivot_assets.core.warehouse import Warehouse
+    from pivot_assets.verifiers import DomainVerifiers
+
+    configure_torch(cfg.runtime.threads)
+    name = Path(model).name if "/" in model else model
+    return policy_scores(Warehouse(root), cfg, model, model_fp, key, rows, probe, DomainVerifiers(cfg.verifier),
+                         lambda m: print(f"[evaluation {name}] {m}", file=sys.stderr, flush=True))
+
+
+def _cache_path(wh: "Warehouse", model_fp: str, key: str) -> Path:
+    from pivot_assets.core.ids import short_hash
+
+    return wh.root / "eval_cache" / f"{short_hash(model_fp + '|' + key, 24)}.parquet"
 
 
 # -- the pivot_eval stage -------------------------------------------------------------------------

@@ -23,6 +23,7 @@ pivots: {lambda_diff: 0.95}
 training: {set: adv, init: sft, steps: 1, num_generations: 2, max_completion_length: 8, eval_fraction: 0.5,
            eval_k: 2, ood_max_items: 12, bootstrap: 200}
 ablation: {arms: [grpo_adv_exact, sft_same_data], seeds: [0], steps: 1}
+runtime: {workers: 1}   # the spies below see this process only; the workers' path is checked at the end
 """
 
 
@@ -95,3 +96,21 @@ def test_sft_grpo_eval_materialize_and_evaluation_uses_the_configured_engine(tmp
     err = capsys.readouterr().err
     assert "not retraining" in err or engines == []
     assert engines == []
+
+    # Evaluation in 2 worker processes gives exactly the serial numbers (the same seeded draws per turn).
+    import shutil
+
+    serial = _eval_rows(tmp_path)
+    shutil.rmtree(tmp_path / "wh" / "eval_cache")
+    (tmp_path / "pivot.yaml").write_text(CONFIG.replace("workers: 1", "workers: 2"))
+    assert pivot(["run", "--select", "pivot_eval"]) == 0, capsys.readouterr().err
+    assert "2 at a time in worker processes" in capsys.readouterr().err
+    assert _eval_rows(tmp_path) == serial
+
+
+def _eval_rows(tmp_path):
+    import duckdb
+
+    with duckdb.connect(str(tmp_path / "wh" / "pivot.duckdb"), read_only=True) as con:
+        return con.sql("select policy, eval_set, n, accuracy, ci_low, ci_high, delta from pivot_eval "
+                       "order by policy, eval_set").fetchall()

@@ -1,0 +1,88 @@
+"""Independent model jobs (ablation arms, evaluation of several policies) in worker processes (Dagster-free).
+
+Why processes, not threads: torch with 2 intra-op threads on a shared 2-core box was many times slower than
+with 1 (bench/RESULTS_threads.md), while two single-threaded processes on two cores do not wait on each other.
+So `runtime.workers: auto` runs usable_cores // threads jobs at once, fewer when memory is short
+(`MEMORY_PER_WORKER_GIB` each: a GRPO run of the embedded 135M policy peaked at 6.8 GiB RSS).
+
+Workers are spawned (no fork of a process holding torch or DuckDB state), die with their parent (Linux
+PR_SET_PDEATHSIG, so a `kill -9` of `pivot run` leaves no orphan training on), and are terminated when the
+parent is interrupted. A job's log lines go to stderr with its name, and its exception reaches the caller.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pivot_assets.core.hardware import resolve_threads, usable_cores
+
+MEMORY_PER_WORKER_GIB = 8.0
+
+
+def available_memory_gib() -> float | None:
+    """MemAvailable from /proc/meminfo (None where there is no such file)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / (1 << 20)
+    except OSError:
+        return None
+    return None
+
+
+def resolve_workers(requested: int | str = "auto", threads: int | str = "auto", jobs: int | None = None) -> int:
+    """How many jobs run at once: an explicit number, or usable cores // threads, capped by memory and jobs."""
+    if requested != "auto":
+        n = int(requested)
+    else:
+        n = max(1, usable_cores() // resolve_threads(threads))
+        memory = available_memory_gib()
+        if memory is not None:
+            n = min(n, max(1, int(memory // MEMORY_PER_WORKER_GIB)))
+    return max(1, min(n, jobs)) if jobs else max(1, n)
+
+
+def _die_with_parent() -> None:
+    """Worker initializer: SIGKILL this process when its parent dies (Linux only; elsewhere a no-op)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+        except OSError:
+            pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; a Ctrl-C reaches the whole group
+
+
+def run_jobs(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int) -> list[Any]:
+    """[fn(*job) for job in jobs], `workers` at a time in spawned processes (in this process when 1).
+
+    Results keep the order of `jobs`. The first failure cancels the jobs not started, terminates the running
+    ones and is raised; so is an interrupt (KeyboardInterrupt, what SIGTERM becomes in `pivot run`).
+    """
+    if workers <= 1 or len(jobs) <= 1:
+        return [fn(*job) for job in jobs]
+    pool = cf.ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn"),
+                                  initializer=_die_with_parent)
+    try:
+        futures = [pool.submit(fn, *job) for job in jobs]
+        results = [f.result() for f in futures]
+    except BaseException:
+        _terminate(pool)
+        raise
+    pool.shutdown(wait=True)
+    return results
+
+
+def _terminate(pool: cf.ProcessPoolExecutor) -> None:
+    """Stop every worker now: a running job (minutes of training) is not waited for."""
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        if proc.is_alive():
+            proc.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
