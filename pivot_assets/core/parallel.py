@@ -3,7 +3,8 @@
 Why processes, not threads: torch with 2 intra-op threads on a shared 2-core box was many times slower than
 with 1 (bench/RESULTS_threads.md), while two single-threaded processes on two cores do not wait on each other.
 So `runtime.workers: auto` runs usable_cores // threads jobs at once, fewer when memory is short
-(`MEMORY_PER_WORKER_GIB` each: a GRPO run of the embedded 135M policy peaked at 6.8 GiB RSS).
+(`MEMORY_PER_WORKER_GIB` per training job: a GRPO run of the embedded 135M policy peaked at 6.8 GiB RSS;
+EVAL_MEMORY_GIB per evaluation job, which only samples).
 
 Workers are spawned (no fork of a process holding torch or DuckDB state), die with their parent (Linux
 PR_SET_PDEATHSIG, so a `kill -9` of `pivot run` leaves no orphan training on), and are terminated when the
@@ -22,6 +23,7 @@ from typing import Any
 from pivot_assets.core.hardware import resolve_threads, usable_cores
 
 MEMORY_PER_WORKER_GIB = 8.0
+EVAL_MEMORY_GIB = 3.0
 
 
 def available_memory_gib() -> float | None:
@@ -36,15 +38,17 @@ def available_memory_gib() -> float | None:
     return None
 
 
-def resolve_workers(requested: int | str = "auto", threads: int | str = "auto", jobs: int | None = None) -> int:
-    """How many jobs run at once: an explicit number, or usable cores // threads, capped by memory and jobs."""
+def resolve_workers(requested: int | str = "auto", threads: int | str = "auto", jobs: int | None = None,
+                    memory_gib: float = MEMORY_PER_WORKER_GIB) -> int:
+    """How many jobs run at once: an explicit number, or usable cores // threads, capped by the memory
+    available (`memory_gib` per job) and by the number of jobs."""
     if requested != "auto":
         n = int(requested)
     else:
         n = max(1, usable_cores() // resolve_threads(threads))
         memory = available_memory_gib()
         if memory is not None:
-            n = min(n, max(1, int(memory // MEMORY_PER_WORKER_GIB)))
+            n = min(n, max(1, int(memory // memory_gib)))
     return max(1, min(n, jobs)) if jobs else max(1, n)
 
 

@@ -357,7 +357,7 @@ def _score_in_workers(wh: "Warehouse", cfg: "PivotConfig", policies: list[Policy
                       probe: list[dict], log) -> dict[str, dict]:
     """Score the models not yet in the evaluation cache, several at once (runtime.workers); {model_fp: scores}.
     With one worker this does nothing: score_policies scores them in turn."""
-    from pivot_assets.core.parallel import resolve_workers, run_jobs
+    from pivot_assets.core.parallel import EVAL_MEMORY_GIB, resolve_workers, run_jobs
     from pivot_assets.policies.models import policy_fingerprint
 
     todo: dict[str, str] = {}
@@ -365,7 +365,7 @@ def _score_in_workers(wh: "Warehouse", cfg: "PivotConfig", policies: list[Policy
         fp = policy_fingerprint(policy.model)
         if fp not in todo and not _cache_path(wh, fp, key).exists():
             todo[fp] = policy.model
-    workers = resolve_workers(cfg.runtime.workers, cfg.runtime.threads, len(todo))
+    workers = resolve_workers(cfg.runtime.workers, cfg.runtime.threads, len(todo), EVAL_MEMORY_GIB)
     if workers <= 1:
         return {}
     log(f"evaluation: {len(todo)} models to score, {workers} at a time in worker processes (runtime.workers)")
