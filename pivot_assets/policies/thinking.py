@@ -17,19 +17,27 @@ THINKING_MODES = ("keep", "strip", "off")
 OPEN, CLOSE = "<think>", "</think>"
 _CLOSED_THOUGHT = re.compile(r"^\s*<think>.*?</think>\s*", re.S)
 _FORCED_CLOSE = "\n</think>\n\n"
+_CALL_MARKERS = ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>")
 
 
 def strip_thought(text: str) -> str:
     """The completion without its leading closed thought (or the orphan close a template-opened thought leaves).
 
-    A thought that was never closed is kept whole: it is the evidence of truncation."""
-    if CLOSE not in text:
+    A thought that was never closed is kept whole: it is the evidence of truncation. As in the verifier's parser,
+    reasoning comes first: a tag after the first tool-call marker, or in a completion that opens with JSON, is data."""
+    if CLOSE not in text or text.lstrip()[:1] in ("{", "[") or text.lstrip().startswith("```"):
         return text
-    stripped = _CLOSED_THOUGHT.sub("", text, count=1)
-    if stripped != text:
-        return stripped
-    head, _, tail = text.partition(CLOSE)
-    return tail.lstrip() if OPEN not in head else text
+    cuts = [i for i in (text.find(m) for m in _CALL_MARKERS) if i >= 0]
+    head, rest = (text[:min(cuts)], text[min(cuts):]) if cuts else (text, "")
+    if CLOSE not in head:
+        return text
+    stripped = _CLOSED_THOUGHT.sub("", head, count=1)
+    if stripped == head:  # an orphan close: the template opened the thought in the prompt
+        before, _, after = head.partition(CLOSE)
+        if OPEN in before:
+            return text
+        stripped = after.lstrip()
+    return stripped + rest
 
 
 def apply_thinking(text: str, mode: str) -> str:

@@ -130,6 +130,23 @@ def build_sft_examples(
     return examples
 
 
+def _action_segment(tokenizer, tmsgs: list[dict], message_index: int, tools: list | None, prompt: str) -> str | None:
+    """The text the model must produce after `prompt` (the turn's profiling prompt) to write message_index.
+
+    Usually the rendered conversation continues the prompt. A template whose generation prompt adds what its
+    history rendering lacks (the empty thought `enable_thinking=False` pre-fills) does not: the action is then
+    what the history rendering puts after the part of the generation prompt it shares (the role header)."""
+    upto = _render(tokenizer, tmsgs[: message_index + 1], tools, gen_prompt=False)
+    if upto.startswith(prompt):
+        return upto[len(prompt):]
+    base = _render(tokenizer, tmsgs[:message_index], tools, gen_prompt=False)
+    if not (prompt.startswith(base) and upto.startswith(base)):
+        return None
+    header, body = prompt[len(base):], upto[len(base):]
+    shared = os.path.commonprefix([header, body])
+    return body[len(shared):] if shared else None
+
+
 def turn_example(tokenizer, messages: list[dict], message_index: int, tools: list | None,
                  max_length: int) -> tuple[dict | None, str | None]:
     """(example, None) or (None, reason): one turn as an SFT example, its state rendered exactly as profiling
@@ -142,10 +159,9 @@ def turn_example(tokenizer, messages: list[dict], message_index: int, tools: lis
     if not 0 <= message_index < len(messages) or messages[message_index].get("role") != "assistant":
         return None, f"message {message_index} is not an assistant message"
     prefix = _render(tokenizer, tmsgs[:message_index], tools, gen_prompt=True)
-    upto = _render(tokenizer, tmsgs, tools, gen_prompt=False)
-    if not upto.startswith(prefix):
+    segment = _action_segment(tokenizer, tmsgs, message_index, tools, prefix)
+    if segment is None:
         return None, f"chat template is not prefix-preserving at message {message_index}"
-    segment = upto[len(prefix):]
     end_tok = tokenizer.eos_token or "<|im_end|>"
     cut = segment.rfind(end_tok)
     target = segment[: cut + len(end_tok)] if cut >= 0 else segment
