@@ -817,7 +817,7 @@ def load_tools_file(path: str | Path) -> list[dict]:
     try:
         tools = normalize_tools(value)
     except RecordError as err:
-        raise ValueError(f"tools file {path}: {err}") from None
+        raise ValueError(f"tools file {path}: {str(err).removeprefix(err.category + ': ')}") from None
     if not tools:
         raise ValueError(f"tools file {path}: no tool schemas in it")
     return tools
