@@ -98,7 +98,8 @@ def test_tau2_sample_profiled_with_airline_tools(shared_data_dir, tmp_path, monk
     wh = tmp_path / "wh"
     tools = duckdb.sql(f"select distinct tools from read_parquet('{wh}/trajectories.parquet')").fetchall()
     assert len(tools) == 1 and len(json.loads(tools[0][0])) == 14  # every simulation got the airline tools
-    # the profiled prompt (one turn: a ~4,200-token prompt takes minutes on a loaded 2-core CPU) carried them: its length is that of the state rendered with the tools
+    # the profiled prompt carried them: its length is that of the state rendered with the tools (one turn only:
+    # a 4,200-token prompt takes about 2 minutes on the loaded 2-core CPU)
     turn_id, n_prompt = duckdb.sql(f"select turn_id, n_prompt_tokens from read_parquet('{wh}/rollouts/**/*.parquet') "
                                    "order by turn_id limit 1").fetchone()
     trajectory, index = duckdb.sql(
