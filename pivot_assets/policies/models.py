@@ -210,7 +210,7 @@ def load_model(model: str = EMBEDDED, dtype: str = "float32", device: str = "cpu
     """(model, tokenizer) in eval mode on `device`; the tokenizer carries the resolved chat template and the
     format's template variables (render_chat reads them), and has a pad token."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"dtype {dtype!r}: expected float32, bfloat16 or float16")
