@@ -64,7 +64,10 @@ class VLLMBackend:
         for start in range(0, len(ordered), self.group_size):
             t0 = time.perf_counter()
             group = ordered[start : start + self.group_size]
-            prompts = [render_prompt(self.tokenizer, r.messages, r.tools) for r in group]
+            # token ids, not text: vLLM would tokenize text with add_special_tokens=True and give a template that
+            # writes its own BOS (Llama 3) a second one; the transformers backend tokenizes without special tokens
+            prompts = [{"prompt_token_ids": self.tokenizer(render_prompt(self.tokenizer, r.messages, r.tools),
+                                                           add_special_tokens=False)["input_ids"]} for r in group]
             params = [self._params(sampling, r.turn_id) for r in group]
             outputs = self.llm.generate(prompts, sampling_params=params, use_tqdm=False)
             samples = [s for req, out in zip(group, outputs) for s in self._samples(req, out)]

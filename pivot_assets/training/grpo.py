@@ -207,17 +207,30 @@ def _text_prompt_dataset(train_dataset, tokenizer, held_out: set[str]):
             continue
         tools = _json_value(row.get("tools")) or None
         messages = as_canonical_messages(row["prompt"])
-        rows["prompt"].append(render_prompt(tokenizer, messages, tools))
+        rows["prompt"].append(_for_trl(tokenizer, render_prompt(tokenizer, messages, tools)))
         for c in _REWARD_COLUMNS:
             value = messages if c == "state" else row.get(c)
             rows[c].append(value if isinstance(value, str) or value is None else json.dumps(value))
     if not rows["prompt"]:
         raise ValueError("GRPO dataset is empty after removing held-out trajectories")
-    probe = "<|im_start|>user\nhi"
-    if tokenizer(probe)["input_ids"] != tokenizer(probe, add_special_tokens=False)["input_ids"]:
-        # TRL tokenizes text prompts with add_special_tokens=True; profiling renders without them
-        log.warning("this tokenizer adds special tokens (e.g. BOS) to text: GRPO prompt tokens differ from profiling's")
     return Dataset.from_dict(rows)
+
+
+def _for_trl(tokenizer, prompt: str) -> str:
+    """The prompt text whose TRL tokenization is profiling's token ids.
+
+    TRL tokenizes text prompts with add_special_tokens=True; profiling tokenizes the rendered prompt without. A
+    template that writes the BOS itself (Llama 3: <|begin_of_text|>) would get a second one from TRL, so that
+    leading BOS is left out of the text for TRL to add back. Any other difference is logged, never silent."""
+    plain = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    if tokenizer(prompt)["input_ids"] == plain:
+        return prompt
+    bos = tokenizer.bos_token
+    if bos and prompt.startswith(bos) and tokenizer(prompt[len(bos):])["input_ids"] == plain:
+        return prompt[len(bos):]
+    log.warning("this tokenizer adds special tokens to text that the prompt does not start with: GRPO prompt "
+                "tokens differ from profiling's")
+    return prompt
 
 
 # -- the run --------------------------------------------------------------------------------------

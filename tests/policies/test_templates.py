@@ -177,3 +177,24 @@ def test_one_decoding_rule_for_profiling_and_grpo(qwen_dir):
     reward(prompts=["p"], completions=[tokenizer.decode(ids, skip_special_tokens=True)], completion_ids=[ids],
            expert_action=[expected])
     assert reward.completions_log[0]["completion"] == profiled
+
+
+def test_grpo_prompt_tokens_equal_profiling_with_a_template_that_writes_its_bos(embedded_model_dir, tmp_path):
+    """Llama 3 templates write <|begin_of_text|> and their tokenizers add a BOS to text: TRL's tokenization of the
+    GRPO prompt must not get a second one (profiling tokenizes without special tokens)."""
+    from datasets import Dataset
+
+    from pivot_assets.curation.exports import hf_table
+    from pivot_assets.training.grpo import _text_prompt_dataset
+
+    model = model_dir_with_template(embedded_model_dir, tmp_path / "bos", "{{ bos_token }}" + QWEN_LIKE)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**config, "add_bos_token": True,
+                                                             "bos_token": "<|endoftext|>"}))
+    tokenizer = load_tokenizer(str(model))
+    state, tools = MESSAGES[:PIVOT_INDEX], json.loads(canonical_json(TOOLS))
+    profiled_ids = tokenizer(render_prompt(tokenizer, state, tools), add_special_tokens=False)["input_ids"]
+    assert profiled_ids[0] == tokenizer.bos_token_id and profiled_ids[1] != tokenizer.bos_token_id
+    pivot = {"turn_id": "t", "trajectory_id": "T", "expert_action": json.dumps({"type": "message", "content": "x"})}
+    prompt = _text_prompt_dataset(Dataset(hf_table([(pivot, state, tools)])), tokenizer, set())["prompt"][0]
+    assert tokenizer(text=[prompt])["input_ids"][0] == profiled_ids  # what GRPOTrainer's _tokenize_prompts does
