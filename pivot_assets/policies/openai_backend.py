@@ -58,13 +58,19 @@ def to_openai_messages(messages: list[dict]) -> list[dict]:
     return out
 
 
-def choice_to_text(message: dict) -> str:
-    """A chat choice as Hermes text: content, then one <tool_call> block per structured call.
+def choice_to_text(message: dict, finish_reason: str | None = None) -> str:
+    """A chat choice as Hermes text: its thought, content, then one <tool_call> block per structured call.
 
     Arguments that are not a JSON object are kept verbatim inside the block, so the verifier sees
-    (and rejects) exactly what the model produced.
+    (and rejects) exactly what the model produced. A thought a server returned apart (vLLM/SGLang reasoning
+    parsers: `reasoning_content` or `reasoning`) is put back as <think>...</think>, left open when the choice
+    stopped for length with no answer: the verifier then scores TRUNCATED, as for a local backend.
     """
     text = message.get("content") or ""
+    thought = message.get("reasoning_content") or message.get("reasoning")
+    if isinstance(thought, str) and thought:
+        cut_off = finish_reason == "length" and not text and not message.get("tool_calls")
+        text = f"<think>\n{thought}" + ("" if cut_off else f"\n</think>\n\n{text}")
     for call in message.get("tool_calls") or []:
         fn = call.get("function") or {}
         name, args = fn.get("name") or "", fn.get("arguments")
@@ -148,7 +154,8 @@ class OpenAIBackend:
             base = len(samples)
             samples.extend([
                 Sample(turn_id=req.turn_id, sample_index=base + i,
-                       completion=apply_thinking(choice_to_text(c.get("message") or {}), self.thinking),
+                       completion=apply_thinking(choice_to_text(c.get("message") or {}, c.get("finish_reason")),
+                                                  self.thinking),
                        n_prompt_tokens=int(usage.get("prompt_tokens") or 0), n_completion_tokens=per_sample,
                        finish_reason="length" if c.get("finish_reason") == "length" else "stop")
                 for i, c in enumerate(choices)])
