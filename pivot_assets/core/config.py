@@ -31,6 +31,8 @@ class InputSpec(_Strict):
     path: str
     format: Literal["auto", "openai", "responses", "tau2", "sharegpt"] = "auto"
     domain: str | None = None
+    # A JSON file of OpenAI tool schemas given to every record of this input that carries none (ingest/inputs.py)
+    tools: str | None = None
 
 
 class PolicySection(_Strict):
@@ -48,6 +50,13 @@ class PolicySection(_Strict):
     device: str = "cpu"  # cpu | cuda | cuda:N (transformers backend)
     batch_size: int = Field(64, ge=1)
     concurrency: int = Field(8, ge=1)
+    # auto (the model's own template when it renders tools; the embedded Hermes one for the embedded model or a
+    # model whose template drops tools) | embedded | model | PATH of a Jinja file (policies/models.py)
+    chat_template: str = "auto"
+    # keep: the thought stays in the completion (the verifier skips it) | strip: a closed thought is cut before
+    # storing | off: the template's enable_thinking=False switch (policies/thinking.py)
+    thinking: Literal["keep", "strip", "off"] = "keep"
+    thinking_budget: int | None = Field(None, ge=1)  # tokens of thought before </think> is forced (transformers)
 
 
 class PivotsSection(_Strict):

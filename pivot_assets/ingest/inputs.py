@@ -5,23 +5,59 @@ from __future__ import annotations
 from pathlib import Path
 
 from pivot_assets.core.catalog import QUARANTINE_SCHEMA, TRAJECTORY_SCHEMA
-from pivot_assets.core.config import PivotConfig
+from pivot_assets.core.config import ConfigError, PivotConfig
 from pivot_assets.core.ids import canonical_json, short_hash
 from pivot_assets.core.warehouse import Warehouse
+
+from .formats import expand_paths, load_tools_file, with_default_tools
 
 INGEST_VERSION = "2"  # 2: streaming ingest, conversation_id
 
 
 def resolved_inputs(cfg: PivotConfig) -> list[dict]:
-    """The configured inputs with absolute paths; the embedded synthetic sample when none are given."""
+    """The configured inputs with absolute paths (a `tools:` file checked here, with a one-line ConfigError);
+    the embedded synthetic sample when none are given."""
     if cfg.inputs:
-        return [{**spec.model_dump(), "path": str(cfg.resolve(spec.path))} for spec in cfg.inputs]
+        return [{**spec.model_dump(), "path": str(cfg.resolve(spec.path)), "tools": _tools_path(cfg, i, spec.tools)}
+                for i, spec in enumerate(cfg.inputs)]
     from .sample_data import write_sample
 
     sample = cfg.warehouse_dir / "inputs" / f"embedded_sample_{cfg.sample.n_trajectories}_{cfg.sample.seed}.jsonl"
     if not sample.exists():
         write_sample(sample, n=cfg.sample.n_trajectories, seed=cfg.sample.seed)
-    return [{"path": str(sample), "format": "openai", "domain": None}]
+    return [{"path": str(sample), "format": "openai", "domain": None, "tools": None}]
+
+
+def _tools_path(cfg: PivotConfig, index: int, tools: str | None) -> str | None:
+    if tools is None:
+        return None
+    path = cfg.resolve(tools)
+    try:
+        load_tools_file(path)
+    except ValueError as exc:
+        raise ConfigError(f"inputs.{index}.tools: {exc}") from None
+    return str(path)
+
+
+def tools_by_source(inputs: list[dict]) -> dict[str, list[dict]]:
+    """{input file path (the rows' `source`): its input's tool schemas} for the inputs that name a tools file."""
+    out: dict[str, list[dict]] = {}
+    for spec in inputs:
+        if spec.get("tools"):
+            tools = load_tools_file(spec["tools"])
+            out.update({str(path): tools for path in expand_paths(spec["path"])})
+    return out
+
+
+class _DefaultToolsWriter:
+    """The trajectories writer, filling each tool-less record's schemas from its input's `tools:` file on the way
+    (formats.with_default_tools) so both ingest paths (DuckDB and Python adapters) get them."""
+
+    def __init__(self, writer, tools: dict[str, list[dict]]):
+        self.writer, self.tools = writer, tools
+
+    def write_table(self, table) -> None:
+        self.writer.write_table(with_default_tools(table, self.tools))
 
 
 def inputs_fingerprint(cfg: PivotConfig) -> str:
@@ -36,6 +72,9 @@ def inputs_fingerprint(cfg: PivotConfig) -> str:
         for m in sorted(matches):
             paths = sorted(p for p in Path(m).rglob("*") if p.is_file()) if Path(m).is_dir() else [Path(m)]
             files += [(str(p), p.stat().st_size, int(p.stat().st_mtime)) for p in paths]
+        if spec.tools and cfg.resolve(spec.tools).is_file():  # an edited tools file re-ingests
+            t = cfg.resolve(spec.tools)
+            files.append((str(t), t.stat().st_size, int(t.stat().st_mtime)))
     specs = [s.model_dump() for s in cfg.inputs] if cfg.inputs else cfg.sample.model_dump()
     return short_hash(canonical_json({"v": INGEST_VERSION, "specs": specs, "files": files}))
 
@@ -52,7 +91,8 @@ def write_ingest(wh: Warehouse, inputs: list[dict], *, workers: int | None = Non
     with wh.table_writer("trajectories", TRAJECTORY_SCHEMA) as traj_w, wh.table_writer(
         "quarantine", QUARANTINE_SCHEMA
     ) as quar_w:
-        return stream_ingest(inputs, traj_w, quar_w, workers=workers)
+        tools = tools_by_source(inputs)
+        return stream_ingest(inputs, _DefaultToolsWriter(traj_w, tools) if tools else traj_w, quar_w, workers=workers)
 
 
 def write_turns(wh: Warehouse) -> int:

@@ -11,6 +11,7 @@ from pivot_assets.core.config import PolicySection
 from pivot_assets.core.hardware import resolve_dtype
 
 from .base import PolicyBackend
+from .models import PromptFormat
 
 BACKENDS = ("transformers", "vllm", "openai")
 
@@ -35,20 +36,26 @@ def build_backend(policy: PolicySection | Mapping, *, model: str | None = None) 
     """
     policy = policy_section(policy)
     model = model or policy.model
+    fmt = PromptFormat.from_policy(policy)
+    if policy.thinking_budget is not None and policy.backend != "transformers":
+        raise ValueError(f"policy.thinking_budget is implemented by the transformers backend, not {policy.backend}: "
+                         "bound thoughts with max_new_tokens or thinking: off there")
     if policy.backend == "transformers":
         from .transformers_backend import TransformersBackend
 
         return TransformersBackend(model=model, dtype=resolve_dtype(policy.dtype, policy.device).dtype,
-                                   batch_size=policy.batch_size, device=policy.device)
+                                   batch_size=policy.batch_size, device=policy.device, fmt=fmt,
+                                   thinking_budget=policy.thinking_budget)
     if policy.backend == "openai":
         from .openai_backend import OpenAIBackend
 
         if not policy.base_url:
             raise ValueError("policy.backend openai needs policy.base_url (e.g. http://host:8000/v1)")
         return OpenAIBackend(base_url=policy.base_url, model=model,
-                             api_key_env=policy.api_key_env or "OPENAI_API_KEY", concurrency=policy.concurrency)
+                             api_key_env=policy.api_key_env or "OPENAI_API_KEY", concurrency=policy.concurrency,
+                             thinking=policy.thinking)
     if policy.backend == "vllm":
         from .vllm_backend import VLLMBackend
 
-        return VLLMBackend(model=model, dtype=resolve_dtype(policy.dtype, "cuda").dtype)
+        return VLLMBackend(model=model, dtype=resolve_dtype(policy.dtype, "cuda").dtype, fmt=fmt)
     raise ValueError(f"policy.backend {policy.backend!r}: expected one of {', '.join(BACKENDS)}")

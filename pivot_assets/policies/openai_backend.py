@@ -1,13 +1,19 @@
 """OpenAI-compatible backend: profile on any served model (vLLM, SGLang, llama.cpp) over HTTP.
 
-Endpoint: POST {base_url}/chat/completions with `tools` and `n=K` per turn. The server applies its
-model's own chat template, so tool calls come back structured (`message.tool_calls`); we render them
-back into the Hermes text the embedded template uses (`<tool_call>{"name", "arguments"}</tool_call>`),
-so the verifier parses every backend's completions the same way.
+Endpoint: POST {base_url}/chat/completions with `tools` and `n=K` per turn. The server applies the chat
+template *it* has for the model (for a local model dir: the one in its tokenizer files, which is what
+`policy.chat_template: model` renders locally; the test against `transformers serve` checks the two agree).
+Tool calls come back structured (`message.tool_calls`) where the server parses them, else as text; structured
+calls are written back as Hermes text (`<tool_call>{"name", "arguments"}</tool_call>`), so the verifier parses
+every backend's completions the same way. Decoding is the server's (most skip special tokens).
 
-Per-sample token counts: servers report usage for the whole request, so n_completion_tokens is
-usage.completion_tokens / n (rounded), and n_prompt_tokens is usage.prompt_tokens.
-Seeds: each request carries seed = hash(seed, turn_id), for servers that honour it.
+Choices are counted: a server that returns fewer than n (`transformers serve` returns one) is asked again for
+the rest, each follow-up with its own seed, until the turn has K samples.
+Per-sample token counts: servers report usage per request, so n_completion_tokens is that request's
+usage.completion_tokens / its number of choices (rounded), and n_prompt_tokens is usage.prompt_tokens.
+Seeds: the first request of a turn carries seed = hash(seed, turn_id), follow-ups hash(seed, turn_id#i).
+`policy.thinking: off` sends chat_template_kwargs {enable_thinking: false} (vLLM and SGLang pass it to the
+template); `strip` cuts a closed thought from each completion, as the local backends do.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pivot_assets.core.ids import seeded_int
 
 from .base import GenerationRequest, Sample, SamplingConfig, new_stats, order_by_trajectory
 from .models import tool_call_text
+from .thinking import apply_thinking
 
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 
@@ -51,13 +58,19 @@ def to_openai_messages(messages: list[dict]) -> list[dict]:
     return out
 
 
-def choice_to_text(message: dict) -> str:
-    """A chat choice as Hermes text: content, then one <tool_call> block per structured call.
+def choice_to_text(message: dict, finish_reason: str | None = None) -> str:
+    """A chat choice as Hermes text: its thought, content, then one <tool_call> block per structured call.
 
     Arguments that are not a JSON object are kept verbatim inside the block, so the verifier sees
-    (and rejects) exactly what the model produced.
+    (and rejects) exactly what the model produced. A thought a server returned apart (vLLM/SGLang reasoning
+    parsers: `reasoning_content` or `reasoning`) is put back as <think>...</think>, left open when the choice
+    stopped for length with no answer: the verifier then scores TRUNCATED, as for a local backend.
     """
     text = message.get("content") or ""
+    thought = message.get("reasoning_content") or message.get("reasoning")
+    if isinstance(thought, str) and thought:
+        cut_off = finish_reason == "length" and not text and not message.get("tool_calls")
+        text = f"<think>\n{thought}" + ("" if cut_off else f"\n</think>\n\n{text}")
     for call in message.get("tool_calls") or []:
         fn = call.get("function") or {}
         name, args = fn.get("name") or "", fn.get("arguments")
@@ -85,7 +98,8 @@ class OpenAIBackend:
     """K samples per turn from an OpenAI-compatible chat server, `concurrency` requests in flight."""
 
     def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", concurrency: int = 8,
-                 timeout_s: float = 300.0, max_retries: int = 5, backoff_s: float = 1.0, group_size: int | None = None):
+                 timeout_s: float = 300.0, max_retries: int = 5, backoff_s: float = 1.0, group_size: int | None = None,
+                 thinking: str = "keep"):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.api_key = os.environ.get(api_key_env) or None
@@ -93,7 +107,9 @@ class OpenAIBackend:
         self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
         self.group_size = group_size or 4 * self.concurrency
         self.fingerprint = openai_fingerprint(base_url, model)
+        self.thinking = thinking
         self.stats = new_stats()
+        self.stats["requests"] = 0
         self._lock = threading.Lock()  # stats are updated from worker threads
 
     def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> Iterator[list[Sample]]:
@@ -107,31 +123,45 @@ class OpenAIBackend:
                 self.stats["wall_s"] += time.perf_counter() - t0
                 yield [s for samples in results for s in samples]
 
-    def _turn(self, req: GenerationRequest, sampling: SamplingConfig) -> list[Sample]:
+    def _body(self, req: GenerationRequest, sampling: SamplingConfig, n: int, seed_key: str) -> dict:
         body = {
             "model": self.model,
             "messages": to_openai_messages(req.messages),
-            "n": sampling.k,
+            "n": n,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
             "max_tokens": sampling.max_new_tokens,
-            "seed": request_seed(sampling.seed, req.turn_id),
+            "seed": request_seed(sampling.seed, seed_key),
         }
         if req.tools:
             body["tools"] = req.tools
-        reply = self._post("/chat/completions", body, req.turn_id)
-        choices = sorted(reply.get("choices") or [], key=lambda c: c.get("index", 0))
-        if len(choices) != sampling.k:
-            raise ServerError(f"turn {req.turn_id}: server returned {len(choices)} choices for n={sampling.k}")
-        usage = reply.get("usage") or {}
-        per_sample = round((usage.get("completion_tokens") or 0) / sampling.k)
-        samples = [
-            Sample(turn_id=req.turn_id, sample_index=i, completion=choice_to_text(c.get("message") or {}),
-                   n_prompt_tokens=int(usage.get("prompt_tokens") or 0), n_completion_tokens=per_sample,
-                   finish_reason="length" if c.get("finish_reason") == "length" else "stop")
-            for i, c in enumerate(choices)
-        ]
-        self._count(usage, len(samples))
+        if self.thinking == "off":
+            body["chat_template_kwargs"] = {"enable_thinking": False}
+        return body
+
+    def _turn(self, req: GenerationRequest, sampling: SamplingConfig) -> list[Sample]:
+        """K samples of one turn: ask n=K, then ask again for whatever the server did not return."""
+        samples: list[Sample] = []
+        while len(samples) < sampling.k:
+            missing = sampling.k - len(samples)
+            seed_key = req.turn_id if not samples else f"{req.turn_id}#{len(samples)}"
+            reply = self._post("/chat/completions", self._body(req, sampling, missing, seed_key), req.turn_id)
+            choices = sorted(reply.get("choices") or [], key=lambda c: c.get("index", 0))
+            if not choices or len(choices) > missing:
+                raise ServerError(f"turn {req.turn_id}: server returned {len(choices)} choices for n={missing}")
+            usage = reply.get("usage") or {}
+            per_sample = round((usage.get("completion_tokens") or 0) / len(choices))
+            base = len(samples)
+            samples.extend([
+                Sample(turn_id=req.turn_id, sample_index=base + i,
+                       completion=apply_thinking(choice_to_text(c.get("message") or {}, c.get("finish_reason")),
+                                                  self.thinking),
+                       n_prompt_tokens=int(usage.get("prompt_tokens") or 0), n_completion_tokens=per_sample,
+                       finish_reason="length" if c.get("finish_reason") == "length" else "stop")
+                for i, c in enumerate(choices)])
+            self._count(usage, len(choices))
+        with self._lock:
+            self.stats["turns"] += 1
         return samples
 
     def _count(self, usage: dict, n: int) -> None:
@@ -139,7 +169,7 @@ class OpenAIBackend:
             self._count_locked(usage, n)
 
     def _count_locked(self, usage: dict, n: int) -> None:
-        self.stats["turns"] += 1
+        self.stats["requests"] += 1
         self.stats["samples"] += n
         self.stats["prompt_tokens_total"] += int(usage.get("prompt_tokens") or 0)
         self.stats["generated_tokens"] += int(usage.get("completion_tokens") or 0)

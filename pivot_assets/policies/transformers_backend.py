@@ -11,6 +11,8 @@ Where the time goes, and what this backend does about it:
   <|im_end|> and compacted away, sampling in torch.
 - Determinism. Every turn has its own torch.Generator seeded from (seed, turn_id): its samples do not
   depend on the other turns of its batch beyond floating-point noise.
+- Device. The model, the KV buffers, every index/mask tensor of the decode loop and the generators live on
+  `device` (cpu | cuda | cuda:N): nothing crosses devices per step.
 """
 
 from __future__ import annotations
@@ -24,14 +26,17 @@ import torch
 from pivot_assets.core.ids import seeded_int
 
 from .base import GenerationRequest, Sample, SamplingConfig, new_stats, order_by_trajectory
-from .models import load_model, policy_fingerprint, render_prompt
+from .models import PromptFormat, decode_completion, load_model, policy_fingerprint, render_prompt, stop_token_ids
+from .thinking import ThoughtBudget, apply_thinking, opens_thought
 
 PREFILL_CHUNK = 2048  # tokens per prefill forward: bounds the attention scratch memory on long prompts
 
 
-def turn_generator(seed: int, turn_id: str) -> torch.Generator:
-    """A generator seeded by (seed, turn_id): a turn's samples are reproducible on their own."""
-    return torch.Generator().manual_seed(seeded_int(seed, turn_id))
+def turn_generator(seed: int, turn_id: str, device: str | torch.device = "cpu") -> torch.Generator:
+    """A generator on `device` seeded by (seed, turn_id): a turn's samples are reproducible on their own.
+
+    torch.multinomial needs the generator on the device of the probabilities it samples from."""
+    return torch.Generator(device=device).manual_seed(seeded_int(seed, turn_id))
 
 
 def filter_logits(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
@@ -52,7 +57,7 @@ def sample_rows(logits: torch.Tensor, groups: list[tuple[torch.Generator, torch.
     if sampling.temperature == 0:
         return logits.argmax(dim=-1)
     probs = torch.softmax(filter_logits(logits, sampling.temperature, sampling.top_p), dim=-1)
-    out = torch.empty(logits.shape[0], dtype=torch.long)
+    out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
     for gen, rows in groups:
         out[rows] = torch.multinomial(probs[rows], 1, generator=gen).squeeze(-1)
     return out
@@ -105,6 +110,7 @@ def _buffer_layer_class():
 class _Prefilled:
     request: GenerationRequest
     n_prompt: int
+    opens_thought: bool  # the rendered prompt ends inside an opened <think> (the template opened it)
     kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, [1, heads, n_prompt, dim]
     last_logits: torch.Tensor  # [vocab]
 
@@ -117,39 +123,35 @@ class TransformersBackend:
     """
 
     def __init__(self, model: str = "embedded", dtype: str = "float32", batch_size: int = 32,
-                 kv_budget_gb: float = 4.0, device: str = "cpu"):
+                 kv_budget_gb: float = 4.0, device: str = "cpu", fmt: PromptFormat = PromptFormat(),
+                 thinking_budget: int | None = None):
         self.model_name = model
-        self.model, self.tokenizer = load_model(model, dtype=dtype, device=device)
-        self.device = device
+        self.model, self.tokenizer = load_model(model, dtype=dtype, device=device, fmt=fmt)
+        self.device = torch.device(device)
+        self.fmt, self.thinking_budget = fmt, thinking_budget
         self.batch_size = batch_size
         self.kv_budget_bytes = kv_budget_gb * (1 << 30)
-        self.fingerprint = policy_fingerprint(model)
+        self.fingerprint = policy_fingerprint(model, fmt)
         self.stats = new_stats()
-        self.stop_ids = self._stop_token_ids()
+        self.stats["thoughts_forced_closed"] = 0
+        self.stop_ids = stop_token_ids(self.tokenizer, self.model.generation_config)
         self._traj_id: str | None = None
         self._traj_ids: list[int] = []
         self._traj_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     # ---- setup -----------------------------------------------------------------------------------
-    def _stop_token_ids(self) -> set[int]:
-        ids = {self.tokenizer.eos_token_id}
-        gen_eos = getattr(self.model.generation_config, "eos_token_id", None)
-        ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
-        im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        if im_end is not None and im_end != self.tokenizer.unk_token_id:
-            ids.add(im_end)
-        return {i for i in ids if i is not None}
-
     def _kv_bytes_per_token_row(self) -> int:
         cfg = self.model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         itemsize = next(self.model.parameters()).element_size()
         return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * itemsize
 
+    def prompt_text(self, request: GenerationRequest) -> str:
+        return render_prompt(self.tokenizer, request.messages, request.tools)
+
     def prompt_ids(self, request: GenerationRequest) -> list[int]:
         """Token ids of a turn's rendered prompt (no extra BOS: the template carries its own markers)."""
-        text = render_prompt(self.tokenizer, request.messages, request.tools)
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.tokenizer(self.prompt_text(request), add_special_tokens=False)["input_ids"]
 
     # ---- public ----------------------------------------------------------------------------------
     def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> Iterator[list[Sample]]:
@@ -158,7 +160,7 @@ class TransformersBackend:
         start = time.perf_counter()  # wall_s counts our work (rendering included), not the caller's between yields
         for batch in self._batches(ordered, sampling):
             with torch.inference_mode():
-                prefilled = [self.prefill(req, ids) for req, ids in batch]
+                prefilled = [self.prefill(req, ids, opened) for req, ids, opened in batch]
                 samples = self._decode(prefilled, sampling)
             self.stats["wall_s"] += time.perf_counter() - start
             yield samples
@@ -167,16 +169,17 @@ class TransformersBackend:
 
     def _batches(self, ordered: list[GenerationRequest], sampling: SamplingConfig):
         row_bytes = self._kv_bytes_per_token_row()
-        batch: list[tuple[GenerationRequest, list[int]]] = []
+        batch: list[tuple[GenerationRequest, list[int], bool]] = []
         longest = 0
         for req in ordered:
-            ids = self.prompt_ids(req)
+            text = self.prompt_text(req)
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
             rows = (len(batch) + 1) * sampling.k
             need = rows * (max(longest, len(ids)) + sampling.max_new_tokens) * row_bytes
             if batch and (rows > self.batch_size or need > self.kv_budget_bytes):
                 yield batch
                 batch, longest = [], 0
-            batch.append((req, ids))
+            batch.append((req, ids, opens_thought(text)))
             longest = max(longest, len(ids))
         if batch:
             yield batch
@@ -185,7 +188,7 @@ class TransformersBackend:
     def _reset_trajectory(self) -> None:
         self._traj_id, self._traj_ids, self._traj_kv = None, [], None
 
-    def prefill(self, request: GenerationRequest, ids: list[int]) -> _Prefilled:
+    def prefill(self, request: GenerationRequest, ids: list[int], opened: bool = False) -> _Prefilled:
         """Prompt KV and last-position logits of one turn, prefilling only what the cache lacks."""
         if not ids:
             raise ValueError(f"turn {request.turn_id}: empty prompt")
@@ -206,7 +209,7 @@ class TransformersBackend:
         self.stats["prompt_tokens_total"] += len(ids)
         self.stats["prefill_tokens_computed"] += len(ids) - reuse
         self.stats["cache_hits"] += int(reuse > 0)
-        return _Prefilled(request, len(ids), self._traj_kv, out.logits[0, -1].float())
+        return _Prefilled(request, len(ids), opened, self._traj_kv, out.logits[0, -1].float())
 
     # ---- batched decode ----------------------------------------------------------------------------
     def _decode_cache(self, prefilled: list[_Prefilled], k: int, capacity: int):
@@ -231,24 +234,32 @@ class TransformersBackend:
         k, max_new = sampling.k, sampling.max_new_tokens
         n_rows = len(prefilled) * k
         cache, longest = self._decode_cache(prefilled, k, max(p.n_prompt for p in prefilled) + max_new)
-        valid = torch.zeros(n_rows, longest + max_new, dtype=torch.bool)
+        dev = self.device
+        valid = torch.zeros(n_rows, longest + max_new, dtype=torch.bool, device=dev)
         for j, p in enumerate(prefilled):
             valid[j * k : (j + 1) * k, longest - p.n_prompt :] = True
-        turn_of_row = torch.arange(n_rows) // k
-        positions = torch.tensor([p.n_prompt for p in prefilled]).repeat_interleave(k)
-        gens = [turn_generator(sampling.seed, p.request.turn_id) for p in prefilled]
+        turn_of_row = torch.arange(n_rows, device=dev) // k
+        positions = torch.tensor([p.n_prompt for p in prefilled], device=dev).repeat_interleave(k)
+        gens = [turn_generator(sampling.seed, p.request.turn_id, dev) for p in prefilled]
+        budget = (ThoughtBudget(self.tokenizer, self.thinking_budget, [p.opens_thought for p in prefilled for _ in range(k)])
+                  if self.thinking_budget else None)
         tokens: list[list[int]] = [[] for _ in range(n_rows)]
         stopped = [False] * n_rows
-        active = torch.arange(n_rows)  # original row index of each live buffer row
+        active = torch.arange(n_rows, device=dev)  # original row index of each live buffer row
         logits = torch.stack([p.last_logits for p in prefilled]).repeat_interleave(k, dim=0)
         for step in range(max_new):
             groups = [(gens[t], (turn_of_row[active] == t).nonzero().squeeze(-1)) for t in turn_of_row[active].unique().tolist()]
             nxt = sample_rows(logits, groups, sampling)
+            if budget is not None:
+                nxt = torch.tensor([budget.override(r, t, tokens[r]) for r, t in zip(active.tolist(), nxt.tolist())],
+                                   dtype=torch.long, device=dev)
             for row, tok in zip(active.tolist(), nxt.tolist()):
                 tokens[row].append(tok)
                 stopped[row] = tok in self.stop_ids
+                if budget is not None:
+                    budget.observe(row, tokens[row])
             self.stats["generated_tokens"] += len(active)
-            live = torch.tensor([not stopped[r] for r in active.tolist()])
+            live = torch.tensor([not stopped[r] for r in active.tolist()], device=dev)
             if step == max_new - 1 or not live.any():
                 break
             if not live.all():  # compact: finished rows leave the batch (their KV is dropped)
@@ -260,18 +271,19 @@ class TransformersBackend:
             out = self.model(input_ids=nxt[:, None], position_ids=(positions[active] + step)[:, None],
                              attention_mask=mask, cache=cache, use_cache=True)
             logits = out.logits[:, -1]
+        if budget is not None:
+            self.stats["thoughts_forced_closed"] += len(budget.forced_rows)
         return self._samples(prefilled, tokens, k)
 
     def _samples(self, prefilled: list[_Prefilled], tokens: list[list[int]], k: int) -> list[Sample]:
         samples = []
         for row, toks in enumerate(tokens):
             p = prefilled[row // k]
-            stop = bool(toks) and toks[-1] in self.stop_ids
-            body = toks[:-1] if stop else toks
+            text, stop = decode_completion(self.tokenizer, toks, self.stop_ids)
             samples.append(Sample(
                 turn_id=p.request.turn_id,
                 sample_index=row % k,
-                completion=self.tokenizer.decode(body, skip_special_tokens=False),
+                completion=apply_thinking(text, self.fmt.thinking),
                 n_prompt_tokens=p.n_prompt,
                 n_completion_tokens=len(toks),
                 finish_reason="stop" if stop else "length",

@@ -1,7 +1,8 @@
 """vLLM offline backend (optional `[gpu]` extra): `vllm.LLM` with automatic prefix caching, n=K per prompt.
 
-Prompts are rendered here with the same tool chat template as the transformers backend (so the
-completions are the same Hermes text for the verifier), and a group's turns are submitted in one
+Prompts are rendered here by models.render_prompt with the template the transformers backend resolves for the
+same model and `policy.chat_template`, and completions are decoded by the same rule (special tokens kept:
+SamplingParams(skip_special_tokens=False); vLLM leaves the stop token out of the text). A group's turns are submitted in one
 `generate` call in trajectory order: consecutive turns of a trajectory share their prefix, which the
 engine's prefix cache prefills once. vllm is imported lazily: this module imports without it.
 """
@@ -12,7 +13,8 @@ import time
 from typing import Iterator
 
 from .base import GenerationRequest, Sample, SamplingConfig, new_stats, order_by_trajectory
-from .models import TOOL_CHAT_TEMPLATE, policy_fingerprint, render_prompt, resolve_model_dir
+from .models import PromptFormat, configure_tokenizer, policy_fingerprint, render_prompt, resolve_model_dir
+from .thinking import apply_thinking
 from .openai_backend import request_seed
 
 
@@ -33,7 +35,8 @@ class VLLMBackend:
     """
 
     def __init__(self, model: str = "embedded", dtype: str = "bfloat16", group_size: int = 512,
-                 gpu_memory_utilization: float = 0.85, max_model_len: int | None = None):
+                 gpu_memory_utilization: float = 0.85, max_model_len: int | None = None,
+                 fmt: PromptFormat = PromptFormat()):
         try:
             from vllm import LLM
         except ImportError:
@@ -42,16 +45,18 @@ class VLLMBackend:
         self.llm = LLM(model=str(path), dtype=dtype, enable_prefix_caching=True,
                        gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len)
         self.tokenizer = self.llm.get_tokenizer()
-        self.tokenizer.chat_template = TOOL_CHAT_TEMPLATE
+        configure_tokenizer(self.tokenizer, model, fmt)
+        self.fmt = fmt
         self.group_size = group_size
-        self.fingerprint = policy_fingerprint(model)
+        self.fingerprint = policy_fingerprint(model, fmt)
         self.stats = new_stats()
 
     def _params(self, sampling: SamplingConfig, turn_id: str):
         from vllm import SamplingParams
 
         return SamplingParams(n=sampling.k, temperature=sampling.temperature, top_p=sampling.top_p,
-                              max_tokens=sampling.max_new_tokens, seed=request_seed(sampling.seed, turn_id))
+                              max_tokens=sampling.max_new_tokens, seed=request_seed(sampling.seed, turn_id),
+                              skip_special_tokens=False)
 
     def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> Iterator[list[Sample]]:
         """Yield the K samples of each group of turns (one engine call per group)."""
@@ -59,7 +64,10 @@ class VLLMBackend:
         for start in range(0, len(ordered), self.group_size):
             t0 = time.perf_counter()
             group = ordered[start : start + self.group_size]
-            prompts = [render_prompt(self.tokenizer, r.messages, r.tools) for r in group]
+            # token ids, not text: vLLM would tokenize text with add_special_tokens=True and give a template that
+            # writes its own BOS (Llama 3) a second one; the transformers backend tokenizes without special tokens
+            prompts = [{"prompt_token_ids": self.tokenizer(render_prompt(self.tokenizer, r.messages, r.tools),
+                                                           add_special_tokens=False)["input_ids"]} for r in group]
             params = [self._params(sampling, r.turn_id) for r in group]
             outputs = self.llm.generate(prompts, sampling_params=params, use_tqdm=False)
             samples = [s for req, out in zip(group, outputs) for s in self._samples(req, out)]
@@ -76,7 +84,7 @@ class VLLMBackend:
         samples = []
         for i, comp in enumerate(sorted(out.outputs, key=lambda c: c.index)):
             self.stats["generated_tokens"] += len(comp.token_ids)
-            samples.append(Sample(turn_id=req.turn_id, sample_index=i, completion=comp.text,
+            samples.append(Sample(turn_id=req.turn_id, sample_index=i, completion=apply_thinking(comp.text, self.fmt.thinking),
                                   n_prompt_tokens=n_prompt, n_completion_tokens=len(comp.token_ids),
                                   finish_reason="length" if comp.finish_reason == "length" else "stop"))
         self.stats["samples"] += len(samples)

@@ -224,6 +224,7 @@ def eval_key(cfg: "PivotConfig", sets: dict[str, list[str]], verifiers, probe: l
         "max_new_tokens": cfg.training.max_completion_length, "seed": eval_seed(cfg),
         "sampling": [engine.temperature, engine.top_p],
         "engine": [engine.backend, resolve_dtype(engine.dtype, engine.device).dtype, engine.device],
+        "format": [engine.chat_template, engine.thinking, engine.thinking_budget],  # prompts and stored completions
         "probe": short_hash(canonical_json(probe)),
     }))
 
@@ -254,8 +255,10 @@ def policy_scores(wh: "Warehouse", cfg: "PivotConfig", model: str, model_fp: str
                             temperature=engine.temperature, top_p=engine.top_p, policy=engine)
              if rows else {"per_turn": []})
     details: list = []
+    from pivot_assets.policies.models import PromptFormat
+
     ood_accuracy(model, probe, seed=cfg.training.eval_seed, dtype=precision.dtype, device=engine.device,
-                 details=details)
+                 details=details, fmt=PromptFormat.from_policy(engine))
     turns = {t["turn_id"]: t["reward_mean"] for t in local["per_turn"]}
     ood = [1.0 if d["correct"] else 0.0 for d in details]
     seconds = time.perf_counter() - t0

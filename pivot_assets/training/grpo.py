@@ -5,7 +5,10 @@ per prompt, the verifier of the pivot's domain scores each against the expert ac
 environment is ever stepped.
 
 Prompts are handed to TRL as *text*, rendered by `policies.models.render_prompt` exactly as profiling
-rendered them. Why not conversational prompts: TRL 1.16 renders a conversational batch with one
+rendered them (the same resolved chat template and thinking switch: `policy.chat_template`, `policy.thinking`).
+Completions are scored as profiling scores them: TRL decodes with skip_special_tokens=True, which would drop
+special-token tool markers (`<|python_tag|>`, `[TOOL_CALLS]`), so the reward re-decodes TRL's `completion_ids`
+with policies.models.decode_completion, profiling's rule. Why not conversational prompts: TRL 1.16 renders a conversational batch with one
 trainer-wide `tools=` list of Python callables, so each pivot's own JSON tool schemas would never
 reach the prompt. Pre-rendering keeps the GRPO prompt byte-identical to the profiled one; the
 completions TRL passes to the reward are then plain strings (conversational ones are accepted too).
@@ -23,7 +26,7 @@ GPU config (one GPU; vLLM generates, the trainer trains; `pip install -e .[gpu]`
       num_generations: 8
       learning_rate: 1.0e-6
       max_completion_length: 256
-      dtype: auto                      # bf16 on a GPU that has it
+      dtype: auto                      # bf16 on a GPU that has it: the weights are LOADED in bf16 there
       grpo:
         use_vllm: true
         vllm_mode: colocate            # vLLM shares the training GPU; sleep mode frees it during backprop
@@ -90,7 +93,7 @@ def _json_value(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
-def make_verifier_reward(domain_verifiers):
+def make_verifier_reward(domain_verifiers, tokenizer=None):
     """A TRL reward function scoring each completion with its pivot's domain verifier.
 
     The returned function has TRL's signature
@@ -98,9 +101,15 @@ def make_verifier_reward(domain_verifiers):
     (every dataset column arrives as a per-completion list) and returns one float in [0, 1] per
     completion. It appends {step, turn_id, completion, reward, reason} for every completion to
     `reward.completions_log` (a list the caller persists), so the rewards the trainer saw can be
-    recomputed from the log.
+    recomputed from the log. With a `tokenizer`, each completion is the decode_completion of its ids (profiling's
+    decoding rule) rather than TRL's text.
     """
     completions_log: list[dict] = []
+    stop_ids = None
+    if tokenizer is not None:
+        from pivot_assets.policies.models import stop_token_ids
+
+        stop_ids = stop_token_ids(tokenizer)
 
     def verifier_reward(prompts, completions, completion_ids=None, expert_action=None, tools=None,
                         domain=None, **kw) -> list[float]:
@@ -115,7 +124,12 @@ def make_verifier_reward(domain_verifiers):
         step = trainer_state.global_step + 1 if trainer_state is not None else None  # the step these rewards train
         rewards = []
         for i, completion in enumerate(completions):
-            text = _completion_text(completion)
+            if stop_ids is not None and completion_ids is not None:
+                from pivot_assets.policies.models import decode_completion
+
+                text, _ = decode_completion(tokenizer, completion_ids[i], stop_ids)
+            else:
+                text = _completion_text(completion)
             verifier = domain_verifiers.for_domain(domains[i])
             state = _json_value(states[i])  # the pivot's messages, for verifiers that read context (judge)
             score = verifier.score(expert_action[i], text, tools=tool_lists[i], state=state)
@@ -193,17 +207,30 @@ def _text_prompt_dataset(train_dataset, tokenizer, held_out: set[str]):
             continue
         tools = _json_value(row.get("tools")) or None
         messages = as_canonical_messages(row["prompt"])
-        rows["prompt"].append(render_prompt(tokenizer, messages, tools))
+        rows["prompt"].append(_for_trl(tokenizer, render_prompt(tokenizer, messages, tools)))
         for c in _REWARD_COLUMNS:
             value = messages if c == "state" else row.get(c)
             rows[c].append(value if isinstance(value, str) or value is None else json.dumps(value))
     if not rows["prompt"]:
         raise ValueError("GRPO dataset is empty after removing held-out trajectories")
-    probe = "<|im_start|>user\nhi"
-    if tokenizer(probe)["input_ids"] != tokenizer(probe, add_special_tokens=False)["input_ids"]:
-        # TRL tokenizes text prompts with add_special_tokens=True; profiling renders without them
-        log.warning("this tokenizer adds special tokens (e.g. BOS) to text: GRPO prompt tokens differ from profiling's")
     return Dataset.from_dict(rows)
+
+
+def _for_trl(tokenizer, prompt: str) -> str:
+    """The prompt text whose TRL tokenization is profiling's token ids.
+
+    TRL tokenizes text prompts with add_special_tokens=True; profiling tokenizes the rendered prompt without. A
+    template that writes the BOS itself (Llama 3: <|begin_of_text|>) would get a second one from TRL, so that
+    leading BOS is left out of the text for TRL to add back. Any other difference is logged, never silent."""
+    plain = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    if tokenizer(prompt)["input_ids"] == plain:
+        return prompt
+    bos = tokenizer.bos_token
+    if bos and prompt.startswith(bos) and tokenizer(prompt[len(bos):])["input_ids"] == plain:
+        return prompt[len(bos):]
+    log.warning("this tokenizer adds special tokens to text that the prompt does not start with: GRPO prompt "
+                "tokens differ from profiling's")
+    return prompt
 
 
 # -- the run --------------------------------------------------------------------------------------
@@ -259,18 +286,21 @@ class _StepTimer:
 def run_grpo(model_dir: str, train_dataset, domain_verifiers, options: "TrainingSection",
              out_dir: str | os.PathLike, *, cpu_smoke: bool, precision: Precision,
              on_step: Callable[[dict], None] | None = None, threads: int | str = "auto",
-             held_out: set[str] | None = None) -> GRPOResult:
+             held_out: set[str] | None = None, device: str = "cpu", fmt=None) -> GRPOResult:
     """Train with TRL's GRPOTrainer on the pivot export; save the final model (HF dir) to out_dir.
 
     `train_dataset` is the pivot HF export (columns prompt, tools, expert_action, turn_id,
     trajectory_id, domain, ...); rows of held-out trajectories are removed here, so callers may pass the whole
     export. `held_out`: the warehouse's split (split.held_out_trajectories: whole source conversations); None:
     each trajectory its own group (split_by_trajectory with options.eval_fraction and options.seed).
+    `device` / `fmt`: the policy's device and prompt format (policies.models.PromptFormat). On a CUDA device
+    with bf16 the weights are loaded in bf16 (weights, gradients and AdamW state at 2 bytes each: the README's
+    GPU recipe); on CPU they stay fp32 with bf16 autocast only where native.
     """
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from pivot_assets.policies.models import load_model
+    from pivot_assets.policies.models import PromptFormat, load_model
 
     from .sft import save_model_atomic
     from .split import split_by_trajectory
@@ -279,12 +309,15 @@ def run_grpo(model_dir: str, train_dataset, domain_verifiers, options: "Training
         held_out = split_by_trajectory(train_dataset["trajectory_id"], options.eval_fraction, options.seed)
     held_out = set(held_out) & set(train_dataset["trajectory_id"])
     configure_torch(threads)
-    model, tokenizer = load_model(model_dir, dtype="float32", device="cpu")
+    on_gpu = str(device).startswith("cuda") and not cpu_smoke
+    weights = "bfloat16" if on_gpu and precision.bf16 else "float32"
+    model, tokenizer = load_model(model_dir, dtype=weights, device=device if on_gpu else "cpu",
+                                  fmt=fmt or PromptFormat())
     dataset = _text_prompt_dataset(train_dataset, tokenizer, held_out)
     out = Path(out_dir)
     work_dir = out.parent / f".{out.name}.trainer-{os.getpid()}"
     kwargs = _grpo_config_kwargs(options, str(work_dir), cpu_smoke=cpu_smoke, precision=precision)
-    reward = make_verifier_reward(domain_verifiers)
+    reward = make_verifier_reward(domain_verifiers, tokenizer)
     timer = type("StepTimer", (_StepTimer, TrainerCallback), {})(on_step)
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=GRPOConfig(**kwargs),
                           train_dataset=dataset, processing_class=tokenizer, callbacks=[timer])
@@ -347,8 +380,11 @@ def run_local_grpo(wh: "Warehouse", cfg: "PivotConfig", verifiers, log: Callable
 
     t0 = time.perf_counter()
     held_out = held_out_trajectories(wh, cfg.training.eval_fraction, cfg.training.seed)
+    from pivot_assets.policies.models import PromptFormat
+
     run = run_grpo(init_model(wh, cfg), dataset, verifiers, cfg.training, out, cpu_smoke=cpu_smoke,
-                   precision=precision, on_step=on_step, threads=cfg.runtime.threads, held_out=held_out)
+                   precision=precision, on_step=on_step, threads=cfg.runtime.threads, held_out=held_out,
+                   device="cuda" if has_cuda() else "cpu", fmt=PromptFormat.from_policy(cfg.policy))
     wh.write_table("grpo_steps", pa.Table.from_pylist([{**r, "run_key": key} for r in run.steps]))
     wh.write_table("grpo_completions", pa.Table.from_pylist(
         [{**{k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in r.items()}, "run_key": key}

@@ -219,7 +219,8 @@ def is_correct(item: dict, completion: str) -> bool:
 
 
 def greedy_generate(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = 64) -> list[str]:
-    """Greedy completions of rendered prompt texts, batched with left padding; special tokens dropped."""
+    """Greedy completions of rendered prompt texts, batched with left padding on the model's device; special tokens
+    dropped (the probe grades plain answers; a thought is cut by the probe's prompt format, see probe_completions)."""
     side = tokenizer.padding_side
     tokenizer.padding_side = "left"  # decoder-only batching: pad before the prompt, generate after it
     out: list[str] = []
@@ -245,20 +246,23 @@ def probe_completions(model, tokenizer, items: list[dict], max_new_tokens: int =
 
 
 def ood_accuracy(model_dir: str, items: list[dict] | None = None, max_new_tokens: int = 20, seed: int = 0,
-                 *, dtype: str = "float32", device: str = "cpu", details: list | None = None) -> float:
+                 *, dtype: str = "float32", device: str = "cpu", details: list | None = None, fmt=None) -> float:
     """Share of probe items the policy at model_dir ("embedded" or an HF dir) answers correctly.
 
-    Greedy decoding, so `seed` only pins torch's RNG for reproducibility of anything stochastic.
+    Greedy decoding, so `seed` only pins torch's RNG for reproducibility of anything stochastic. `fmt`: the
+    policy's PromptFormat (chat template, thinking switch); a thought the model still writes is stripped before
+    grading, and one cut off by max_new_tokens grades as wrong.
     If `details` is a list, one {prompt, answer, kind, completion, correct} dict per item is appended.
     """
-    from pivot_assets.policies.models import load_model
+    from pivot_assets.policies.models import PromptFormat, load_model
+    from pivot_assets.policies.thinking import strip_thought
 
     items = ood_probe_items() if items is None else items
     if not items:
         raise ValueError("ood_accuracy: no probe items")
     torch.manual_seed(seed)
-    model, tokenizer = load_model(str(model_dir), dtype=dtype, device=device)
-    completions = probe_completions(model, tokenizer, items, max_new_tokens)
+    model, tokenizer = load_model(str(model_dir), dtype=dtype, device=device, fmt=fmt or PromptFormat())
+    completions = [strip_thought(c) for c in probe_completions(model, tokenizer, items, max_new_tokens)]
     del model
     verdicts = [is_correct(it, c) for it, c in zip(items, completions)]
     if details is not None:

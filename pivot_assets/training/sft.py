@@ -1,7 +1,7 @@
 """Same-data SFT (issue 7): the paper's baseline and the warm-up reference policy (Dagster-free).
 
-Each canonical trajectory is rendered with the project's tool chat template (the same one profiling
-and GRPO prompt with), and only assistant tokens carry loss: the assistant message body and its
+Each canonical trajectory is rendered by policies.models.render_chat with the chat template `policy.chat_template`
+resolves for the model (the same one profiling, GRPO and evaluation prompt with), and only assistant tokens carry loss: the assistant message body and its
 `<|im_end|>`. The `<|im_start|>assistant\\n` header, including the newline after the role, belongs to
 the prompt (it is what `add_generation_prompt=True` emits at sampling time), so it is masked.
 
@@ -10,8 +10,8 @@ sampling time the model sees the prompt tokenized up to the header's newline and
 there, so a BPE merge across the header/body boundary would train on token sequences the policy
 never produces. Segment boundaries also make the mask exact by construction.
 
-Training is a plain torch loop (AdamW, constant learning rate; bf16 autocast only where the resolved
-precision says so, see core/hardware.py); the result is a normal Hugging Face model dir written atomically (tmp dir + rename).
+Training is a plain torch loop on `policy.device` (AdamW, constant learning rate; fp32 weights with bf16
+autocast where the resolved precision says so, see core/hardware.py); the result is a normal Hugging Face model dir written atomically (tmp dir + rename).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch
 
 from pivot_assets.core.hardware import Precision, configure_torch, resolve_dtype
 from pivot_assets.core.shapes import as_canonical_messages, as_list, to_template_messages
-from pivot_assets.policies.models import TOOL_CHAT_TEMPLATE, load_model
+from pivot_assets.policies.models import PromptFormat, load_model, load_tokenizer, render_chat
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +43,7 @@ if TYPE_CHECKING:
 
 
 def _render(tokenizer, template_messages: list[dict], tools: list | None, gen_prompt: bool) -> str:
-    return tokenizer.apply_chat_template(
-        template_messages, tools=tools or None, tokenize=False, add_generation_prompt=gen_prompt
-    )
+    return render_chat(tokenizer, template_messages, tools, add_generation_prompt=gen_prompt)
 
 
 def assistant_char_spans(tokenizer, messages: list[dict], tools: list | None) -> tuple[str, list[tuple[int, int]]]:
@@ -132,6 +130,23 @@ def build_sft_examples(
     return examples
 
 
+def _action_segment(tokenizer, tmsgs: list[dict], message_index: int, tools: list | None, prompt: str) -> str | None:
+    """The text the model must produce after `prompt` (the turn's profiling prompt) to write message_index.
+
+    Usually the rendered conversation continues the prompt. A template whose generation prompt adds what its
+    history rendering lacks (the empty thought `enable_thinking=False` pre-fills) does not: the action is then
+    what the history rendering puts after the part of the generation prompt it shares (the role header)."""
+    upto = _render(tokenizer, tmsgs[: message_index + 1], tools, gen_prompt=False)
+    if upto.startswith(prompt):
+        return upto[len(prompt):]
+    base = _render(tokenizer, tmsgs[:message_index], tools, gen_prompt=False)
+    if not (prompt.startswith(base) and upto.startswith(base)):
+        return None
+    header, body = prompt[len(base):], upto[len(base):]
+    shared = os.path.commonprefix([header, body])
+    return body[len(shared):] if shared else None
+
+
 def turn_example(tokenizer, messages: list[dict], message_index: int, tools: list | None,
                  max_length: int) -> tuple[dict | None, str | None]:
     """(example, None) or (None, reason): one turn as an SFT example, its state rendered exactly as profiling
@@ -144,10 +159,9 @@ def turn_example(tokenizer, messages: list[dict], message_index: int, tools: lis
     if not 0 <= message_index < len(messages) or messages[message_index].get("role") != "assistant":
         return None, f"message {message_index} is not an assistant message"
     prefix = _render(tokenizer, tmsgs[:message_index], tools, gen_prompt=True)
-    upto = _render(tokenizer, tmsgs, tools, gen_prompt=False)
-    if not upto.startswith(prefix):
+    segment = _action_segment(tokenizer, tmsgs, message_index, tools, prefix)
+    if segment is None:
         return None, f"chat template is not prefix-preserving at message {message_index}"
-    segment = upto[len(prefix):]
     end_tok = tokenizer.eos_token or "<|im_end|>"
     cut = segment.rfind(end_tok)
     target = segment[: cut + len(end_tok)] if cut >= 0 else segment
@@ -211,7 +225,7 @@ def build_examples(trajectories: Iterable[dict], tokenizer, max_length: int, mod
 # -- training ---------------------------------------------------------------------------------
 
 
-def _collate(batch: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
+def _collate(batch: list[dict], pad_id: int, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     width = max(len(e["input_ids"]) for e in batch)
     ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     labels = torch.full((len(batch), width), IGNORE_INDEX, dtype=torch.long)
@@ -221,7 +235,7 @@ def _collate(batch: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
         ids[row, :n] = torch.tensor(e["input_ids"])
         labels[row, :n] = torch.tensor(e["labels"])
         attn[row, :n] = 1
-    return {"input_ids": ids, "labels": labels, "attention_mask": attn}
+    return {"input_ids": ids.to(device), "labels": labels.to(device), "attention_mask": attn.to(device)}
 
 
 def _batches(examples: list[dict], batch_size: int, seed: int):
@@ -237,13 +251,13 @@ def _batches(examples: list[dict], batch_size: int, seed: int):
 
 
 def save_model_atomic(model, tokenizer, out_dir: str | os.PathLike) -> Path:
-    """save_pretrained model + tokenizer (with the tool chat template) into out_dir via tmp dir + rename."""
+    """save_pretrained model + tokenizer (with the chat template it was trained with, so `policy.chat_template:
+    auto` renders the saved model's prompts as it was trained) into out_dir via tmp dir + rename."""
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     old = out.parent / f".{out.name}.old-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tokenizer.chat_template = TOOL_CHAT_TEMPLATE
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     if out.exists():
@@ -261,6 +275,8 @@ def train_sft(
     precision: Precision,
     on_step: Callable[[dict], None] | None = None,
     threads: int | str = "auto",
+    device: str = "cpu",
+    fmt: PromptFormat = PromptFormat(),
 ) -> list[dict]:
     """Fine-tune on `examples` for options.steps AdamW steps; save an HF model dir to out_dir.
 
@@ -272,7 +288,7 @@ def train_sft(
         raise ValueError("train_sft: no examples to train on")
     configure_torch(threads)
     torch.manual_seed(options.seed)
-    model, tokenizer = load_model(model_dir_or_name, dtype="float32", device="cpu")
+    model, tokenizer = load_model(model_dir_or_name, dtype="float32", device=device, fmt=fmt)
     model.train()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     optimizer = torch.optim.AdamW(model.parameters(), lr=options.learning_rate)
@@ -280,8 +296,8 @@ def train_sft(
     rows = []
     for step in range(1, options.steps + 1):
         t0 = time.perf_counter()
-        batch = _collate(next(batches), pad_id)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision.bf16):
+        batch = _collate(next(batches), pad_id, model.device)
+        with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=precision.bf16):
             loss = model(**batch).loss
         loss.backward()
         optimizer.step()
@@ -329,14 +345,15 @@ def train_sft_policy(wh: "Warehouse", cfg: "PivotConfig", log: Callable[[str], N
     from .split import held_out_trajectories
 
     out, key = wh.model_dir(SFT_DIR), sft_key(wh, cfg)
-    precision = resolve_dtype(cfg.sft.dtype)
+    device, fmt = cfg.policy.device, PromptFormat.from_policy(cfg.policy)
+    precision = resolve_dtype(cfg.sft.dtype, device)
     result = {"key": key, "model_dir": str(out), "precision": precision}
     if is_done(out, key) and wh.exists("sft_steps"):
         log(f"sft_policy is up to date ({key}): not retraining")
         return {**result, "skipped": True}
     held_out = held_out_trajectories(wh, cfg.training.eval_fraction, cfg.training.seed)
     trajectories = [t for t in wh.read("trajectories").iter_rows(named=True) if t["trajectory_id"] not in held_out]
-    _, tokenizer = load_model(base_model(cfg))
+    tokenizer = load_tokenizer(base_model(cfg), fmt)
     rejections: list = []
     examples = build_examples(trajectories, tokenizer, cfg.sft.max_length, cfg.sft.examples, rejections)
     if not examples:
@@ -349,7 +366,7 @@ def train_sft_policy(wh: "Warehouse", cfg: "PivotConfig", log: Callable[[str], N
     progress = Progress(total=cfg.sft.steps, unit="sft steps", log=log, every_s=0)
     t0 = time.perf_counter()
     rows = train_sft(base_model(cfg), examples, cfg.sft, out, precision, threads=cfg.runtime.threads,
-                     on_step=lambda r: progress.update(1, f"loss {r['loss']:.4f}, {r['tokens'] / r['seconds']:.0f} tokens/s"))
+                     device=device, fmt=fmt, on_step=lambda r: progress.update(1, f"loss {r['loss']:.4f}, {r['tokens'] / r['seconds']:.0f} tokens/s"))
     import pyarrow as pa
 
     wh.write_table("sft_steps", pa.Table.from_pylist(rows))
@@ -372,12 +389,13 @@ def pivot_turns(wh: "Warehouse", table: str, exclude_trajectories: set[str]) -> 
 
 
 def train_same_data_sft(model: str, turns: list[dict], options: "SFTSection", out_dir, precision: Precision,
-                        log: Callable[[str], None], threads: int | str = "auto") -> dict:
+                        log: Callable[[str], None], threads: int | str = "auto", device: str = "cpu",
+                        fmt: PromptFormat = PromptFormat()) -> dict:
     """The ablation's same-data SFT arm: per-turn SFT (state cut from the left, expert action) on exactly the
     given pivot turns. Returns {rows, n_examples, rejections, truncated}; raises with the reasons when no turn fits."""
     from pivot_assets.core.progress import Progress
 
-    _, tokenizer = load_model(model)
+    tokenizer = load_tokenizer(model, fmt)
     rejections: list = []
     examples = build_turn_examples(turns, tokenizer, options.max_length, rejections)
     for key, why in rejections[:5]:
@@ -385,7 +403,7 @@ def train_same_data_sft(model: str, turns: list[dict], options: "SFTSection", ou
     if not examples:
         raise ValueError(no_examples_reason(rejections, options.max_length))
     progress = Progress(total=options.steps, unit="sft steps", log=log, every_s=0)
-    rows = train_sft(model, examples, options, out_dir, precision, threads=threads,
+    rows = train_sft(model, examples, options, out_dir, precision, threads=threads, device=device, fmt=fmt,
                      on_step=lambda r: progress.update(1, f"loss {r['loss']:.4f}"))
     return {"rows": rows, "n_examples": len(examples), "rejections": rejections,
             "truncated": sum(1 for e in examples if e["truncated"])}

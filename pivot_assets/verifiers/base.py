@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Iterable, NamedTuple
 from pivot_assets.core.ids import canonical_json, short_hash
 
 from .code_version import code_hash
-from .parsing import Parsed, prepare_candidate, prepare_expected
+from .parsing import Parsed, is_truncation, prepare_candidate, prepare_expected
 
 
 class Reason:
@@ -37,6 +37,9 @@ class Reason:
     WRONG_CALL_COUNT = "WRONG_CALL_COUNT"
     JUDGE_REJECTED = "JUDGE_REJECTED"  # the judge answered: not equivalent
     JUDGE_ERROR = "JUDGE_ERROR"  # the judge could not be asked or gave no usable verdict
+    # the sample ran out of tokens (a <think> never closed, a tool call cut off): reward 0 like a wrong answer,
+    # but counted apart, so a turn that is hard only because of max_new_tokens shows as such (sql/pivot_funnel.sql)
+    TRUNCATED = "TRUNCATED"
 
     ALL: ClassVar[tuple[str, ...]]
 
@@ -145,7 +148,8 @@ class Verifier:
             return Score(0.0, Reason.INVALID_EXPECTED, err or "")
         parsed, err = prepare_candidate(candidate)
         if parsed is None:
-            return Score(0.0, Reason.PARSE_ERROR, (err or "").encode("utf-8", "replace").decode("utf-8"))
+            reason = Reason.TRUNCATED if is_truncation(err) else Reason.PARSE_ERROR
+            return Score(0.0, reason, (err or "").encode("utf-8", "replace").decode("utf-8"))
         try:
             score = self.score_parsed(expected, parsed, tools, state)
         except RecursionError:

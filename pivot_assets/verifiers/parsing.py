@@ -3,11 +3,17 @@
 Accepted shapes
 - text with Hermes/Qwen `<tool_call>{json}</tool_call>` blocks (several = a batch). A final `<tool_call>` with
   no closing tag is accepted when its JSON is complete (stop sequences often eat the tag); a cut-off JSON is
-  a PARSE_ERROR ("truncated").
+  TRUNCATED (see below).
 - a bare JSON tool call `{"name": ..., "arguments": ...}` (or `parameters`), a JSON list of them, optionally
-  in a ```json fence; Mistral's `[TOOL_CALLS][...]` prefix.
+  in a ```json fence.
+- Llama 3.x JSON tool calls: `{"name": ..., "parameters": {...}}`, optionally after `<|python_tag|>`, several
+  separated by `;` (the llama3_json format of Meta's template and vLLM's parser).
+- Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` (v3 tokenizers) and
+  `[TOOL_CALLS]name[ARGS]{...}` repeated per call (v11+ tokenizers); text before the first marker is dropped
+  (tool calls win).
 - `<think>...</think>` reasoning is stripped; text after an orphan `</think>` (template opened the block) is
-  the answer; a `<think>` never closed means no answer was produced (PARSE_ERROR).
+  the answer. A `<think>` never closed, or a final `<tool_call>` cut inside its JSON, means the generation ran
+  out of tokens: a ParseError whose message starts with TRUNCATED_PREFIX (the verifier's reason TRUNCATED).
 - dicts: an action (`type` function_call / message / function_call_batch), an OpenAI chat message
   (`tool_calls` with `function.name/arguments`, or content), a canonical message, a bare call dict; lists of
   Responses output items or of tool-call objects.
@@ -48,6 +54,13 @@ class Parsed(NamedTuple):
 
 class ParseError(ValueError):
     pass
+
+
+TRUNCATED_PREFIX = "truncated: "  # parse errors that mean "ran out of tokens", not "answered wrongly"
+
+
+def is_truncation(error: str | None) -> bool:
+    return bool(error) and error.startswith(TRUNCATED_PREFIX)
 
 
 _THINK_RE = re.compile(r"<think>.*?</think>", re.S)
@@ -133,7 +146,7 @@ def _strip_reasoning(text: str) -> str:
     if "<think>" in head:
         before = head.split("<think>", 1)[0]
         if not before.strip():
-            raise ParseError("reasoning block never closed: no answer after <think> (truncated generation?)")
+            raise ParseError(TRUNCATED_PREFIX + "reasoning block never closed: no answer after <think>")
         return before
     return head + tail
 
@@ -182,15 +195,53 @@ def _hermes_calls(text: str) -> list[Call] | None:
         try:
             calls.extend(_json_payload_calls(unclosed.strip(), "unclosed <tool_call>"))
         except ParseError as e:
-            raise ParseError(f"truncated tool call: {e}") from None
+            raise ParseError(f"{TRUNCATED_PREFIX}tool call cut off: {e}") from None
     return calls
+
+
+_MISTRAL_TAG, _MISTRAL_ARGS = "[TOOL_CALLS]", "[ARGS]"
+_PYTHON_TAG = "<|python_tag|>"
+
+
+def _mistral_calls(text: str) -> list[Call] | None:
+    """Mistral's `[TOOL_CALLS]` output, both generations of the format; None when the marker is absent."""
+    if _MISTRAL_TAG not in text:
+        return None
+    segments = [seg.strip() for seg in text.split(_MISTRAL_TAG)[1:]]
+    if len(segments) == 1 and segments[0][:1] == "[":  # v3: one JSON list of {name, arguments}
+        return _json_payload_calls(segments[0], _MISTRAL_TAG)
+    calls = []
+    for i, seg in enumerate(segments):
+        name, sep, payload = seg.partition(_MISTRAL_ARGS)
+        where = f"{_MISTRAL_TAG} call {i + 1}"
+        if not sep:
+            calls.extend(_json_payload_calls(seg, where))
+            continue
+        name = name.split("[CALL_ID]")[0].strip()  # some versions put a call id between the name and [ARGS]
+        calls.append(make_call(name, payload.strip() or "{}", where))
+    return calls
+
+
+def _json_sequence(t: str) -> list | None:
+    """`{...}; {...}` (Llama 3's separator for several calls) -> its objects; None when not such a sequence."""
+    decoder, items, pos = json.JSONDecoder(), [], 0
+    while pos < len(t):
+        try:
+            _, end = decoder.raw_decode(t, pos)
+        except ValueError:
+            return None
+        items.append(loads_canonical(t[pos:end]))
+        pos = end
+        while pos < len(t) and t[pos] in " \n\t;":
+            pos += 1
+    return items if len(items) > 1 else None
 
 
 def _bare_json_calls(text: str) -> list[Call] | None:
     """A whole-text JSON tool call (or list of them); None when the text is not shaped like one."""
     t = text.strip()
-    if t.startswith("[TOOL_CALLS]"):
-        return _json_payload_calls(t[len("[TOOL_CALLS]"):].strip(), "[TOOL_CALLS]")
+    if t.startswith(_PYTHON_TAG):
+        t = t[len(_PYTHON_TAG):].strip()
     m = _FENCE_RE.match(t)
     if m:
         t = m.group(1)
@@ -199,7 +250,9 @@ def _bare_json_calls(text: str) -> list[Call] | None:
     try:
         obj = loads_canonical(t)
     except (ValueError, RecursionError):
-        return None  # JSON-looking prose: a message
+        obj = _json_sequence(t)
+        if obj is None:
+            return None  # JSON-looking prose: a message
     if isinstance(obj, dict) and isinstance(obj.get("tool_calls"), list):
         return [_call_from_obj(c, "tool_calls") for c in obj["tool_calls"] if isinstance(c, dict)] or None
     if _is_call_dict(obj) or (isinstance(obj, dict) and isinstance(obj.get("function"), dict)):
@@ -212,8 +265,10 @@ def _bare_json_calls(text: str) -> list[Call] | None:
 def _parse_text(text: str) -> Parsed:
     text = _strip_reasoning(text)
     calls = _hermes_calls(text)
-    if calls is None:
+    if calls is None:  # a whole-text JSON call first: a "[TOOL_CALLS]" inside its arguments is data
         calls = _bare_json_calls(text)
+    if calls is None:
+        calls = _mistral_calls(text)
     if calls:
         return _calls_parsed(calls)
     if not text.strip():

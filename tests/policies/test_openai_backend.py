@@ -131,3 +131,18 @@ def test_clear_errors_on_refusal_and_exhausted_retries(server):
         list(OpenAIBackend(_url(ok), "bad", backoff_s=0.01).generate(_requests(1), SamplingConfig(k=1)))
     with pytest.raises(ValueError, match="base_url"):
         build_backend({"backend": "openai", "model": "m"})
+
+
+def test_a_thought_returned_apart_is_put_back_and_truncation_stays_visible():
+    from pivot_assets.policies.openai_backend import choice_to_text
+    from pivot_assets.verifiers import build_verifier
+    from pivot_assets.verifiers.base import Reason
+
+    expected = {"type": "message", "content": "Hello."}
+    answered = choice_to_text({"content": "Hello.", "reasoning_content": "greet"}, "stop")
+    assert answered == "<think>\ngreet\n</think>\n\nHello."
+    cut = choice_to_text({"content": None, "reasoning_content": "I should think about"}, "length")
+    assert cut == "<think>\nI should think about"
+    verifier = build_verifier({"name": "tool_call"})
+    assert verifier.score(expected, answered).reason == Reason.OK
+    assert verifier.score(expected, cut).reason == Reason.TRUNCATED

@@ -41,9 +41,9 @@ def test_sft_grpo_eval_materialize_and_evaluation_uses_the_configured_engine(tmp
                         factory.policy_section(policy).device, model))
         return real_build(policy, model=model)
 
-    def spy_load(model="embedded", dtype="float32", device="cpu"):
+    def spy_load(model="embedded", dtype="float32", device="cpu", **kw):  # kw: the prompt format (fmt)
         loads.append((str(model), dtype, device))
-        return real_load(model, dtype=dtype, device=device)
+        return real_load(model, dtype=dtype, device=device, **kw)
 
     monkeypatch.setattr(factory, "build_backend", spy_build)
     monkeypatch.setattr(models, "load_model", spy_load)

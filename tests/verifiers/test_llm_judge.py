@@ -191,7 +191,8 @@ def test_prompt_injection_is_quoted_not_obeyed(stub, judge_spec):
 def test_identical_candidate_and_parse_errors_make_no_request(stub, judge_spec):
     judge = build_verifier(judge_spec)
     assert judge.score(EXPECTED, '{"name": "get_weather", "arguments": {"city": "Paris"}}').reward == 1.0
-    assert judge.score(EXPECTED, "<tool_call>{").reason == Reason.PARSE_ERROR
+    assert judge.score(EXPECTED, "<tool_call>{name}</tool_call>").reason == Reason.PARSE_ERROR
+    assert judge.score(EXPECTED, "<tool_call>{").reason == Reason.TRUNCATED  # cut off: no request either
     assert not stub.requests
 
 
@@ -211,7 +212,7 @@ def test_concurrent_score_many_keeps_order(stub, judge_spec):
     judge = build_verifier({**judge_spec, "concurrency": 4})
     items = [{"expected_action": EXPECTED,
               "candidate": '<tool_call>{"name": "get_weather", "arguments": {"city": "P%d"}}</tool_call>' % i}
-             for i in range(8)] + [{"expected_action": EXPECTED, "candidate": "<tool_call>{"}]
+             for i in range(8)] + [{"expected_action": EXPECTED, "candidate": "<tool_call>{name}</tool_call>"}]
     scores = judge.score_many(items)
     assert [s.reason for s in scores] == [Reason.OK] * 8 + [Reason.PARSE_ERROR]
     assert len(stub.requests) == 8

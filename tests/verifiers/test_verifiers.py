@@ -105,7 +105,7 @@ def test_parse_candidate(label, candidate, expected):
 PARSE_ERRORS = [
     ("empty", "   ", "empty completion"),
     ("unclosed think", "<think>still thinking about", "reasoning block never closed"),
-    ("truncated tool call", '<tool_call>{"name": "f", "argu', "truncated tool call"),
+    ("truncated tool call", '<tool_call>{"name": "f", "argu', "tool call cut off"),
     ("bad JSON in block", "<tool_call>{name: f}</tool_call>", "invalid JSON"),
     ("block without name", '<tool_call>{"arguments": {}}</tool_call>', "missing tool name"),
     ("arguments not an object", '<tool_call>{"name": "f", "arguments": [1]}</tool_call>', "must be a JSON object"),
@@ -123,7 +123,8 @@ def test_parse_errors_never_raise(label, candidate, fragment):
     assert fragment in err
     assert "\n" not in err
     score = build_verifier({"name": "tool_call"}).score(call("f"), candidate)
-    assert score == Score(0.0, Reason.PARSE_ERROR, err)
+    reason = Reason.TRUNCATED if label in ("unclosed think", "truncated tool call") else Reason.PARSE_ERROR
+    assert score == Score(0.0, reason, err)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -330,7 +331,7 @@ STACK_CASES = [
     ("all", [{"name": "tool_name"}, {"name": "tool_call"}], hermes("g", a=1), (0.0, Reason.UNEXPECTED_TOOL, "tool_name:")),
     ("any", [{"name": "exact"}, {"name": "tool_name"}], hermes("f", a=2), (1.0, Reason.OK, "tool_name:")),
     ("any", [{"name": "exact"}, {"name": "tool_name"}], hermes("g", a=2), (0.0, Reason.UNEXPECTED_TOOL, "exact:")),
-    ("all", [{"name": "tool_call"}], "<tool_call>{", (0.0, Reason.PARSE_ERROR, "")),
+    ("all", [{"name": "tool_call"}], "<tool_call>{", (0.0, Reason.TRUNCATED, "")),
 ]
 
 
