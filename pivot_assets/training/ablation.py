@@ -62,7 +62,9 @@ def train_arm(wh: "Warehouse", cfg: "PivotConfig", arm: str, seed: int, profilin
     if is_done(out, key):
         log(f"ablation {arm} seed {seed}: up to date ({key}), not retraining")
         return {**row, "skipped": True, "train_s": None, "n_train": None, "final_metric": None, "not_trained_on": None}
-    init = init_model(wh, cfg)
+    from pivot_assets.policies.models import PromptFormat
+
+    init, fmt = init_model(wh, cfg), PromptFormat.from_policy(cfg.policy)
     log(f"ablation {arm} seed {seed}: {trainer} on {SET_TABLES[pivot_set]}, {steps} steps from {init}")
     t0 = time.perf_counter()
     if trainer == "sft":
@@ -73,8 +75,8 @@ def train_arm(wh: "Warehouse", cfg: "PivotConfig", arm: str, seed: int, profilin
         turns = pivot_turns(wh, SET_TABLES[pivot_set], held_out)
         if not turns:
             raise ValueError(f"ablation {arm}: no {SET_TABLES[pivot_set]} turn outside the held-out split")
-        result = train_same_data_sft(init, turns, options, out, resolve_dtype(cfg.sft.dtype), log,
-                                     threads=cfg.runtime.threads)
+        result = train_same_data_sft(init, turns, options, out, resolve_dtype(cfg.sft.dtype, cfg.policy.device), log,
+                                     threads=cfg.runtime.threads, device=cfg.policy.device, fmt=fmt)
         n_train, final = result["n_examples"], result["rows"][-1]["loss"]
         not_trained = len(result["rejections"])
         steps_rows = [{**r, "arm": arm, "seed": seed} for r in result["rows"]]
@@ -91,7 +93,8 @@ def train_arm(wh: "Warehouse", cfg: "PivotConfig", arm: str, seed: int, profilin
         options = cfg.training.model_copy(update={"steps": steps, "seed": seed})
         progress = Progress(total=steps, unit=f"{arm} s{seed} grpo steps", log=log, every_s=0)
         run = run_grpo(init, dataset, verifiers, options, out, cpu_smoke=not has_cuda(), precision=precision,
-                       threads=cfg.runtime.threads, held_out=held_out,
+                       threads=cfg.runtime.threads, held_out=held_out, device="cuda" if has_cuda() else "cpu",
+                       fmt=fmt,
                        on_step=lambda r: progress.update(1, f"reward {r.get('reward_mean') or 0:.3f}"))
         n_train, not_trained = run.n_train_prompts, 0
         final = run.steps[-1].get("reward_mean") if run.steps else None

@@ -329,9 +329,9 @@ def score_policies(wh: "Warehouse", cfg: "PivotConfig", verifiers, policies: lis
     """Score every policy on the fixed sets and the probe (cached per model); returns (scored, sets, eval key)."""
     from pivot_assets.core.hardware import configure_torch
     from pivot_assets.core.progress import Progress
-    from pivot_assets.policies.models import policy_fingerprint
 
     from .ood_probe import probe_items
+    from .runs import model_fingerprint
 
     configure_torch(cfg.runtime.threads)
     sets = evaluation_sets(wh, cfg)
@@ -344,7 +344,7 @@ def score_policies(wh: "Warehouse", cfg: "PivotConfig", verifiers, policies: lis
     progress = Progress(total=len(policies), unit=unit, log=log, every_s=0)
     scored = []
     for policy in policies:
-        model_fp = policy_fingerprint(policy.model)
+        model_fp = model_fingerprint(policy.model, cfg)
         if model_fp not in by_fp:
             by_fp[model_fp] = policy_scores(wh, cfg, policy.model, model_fp, key, rows, probe, verifiers, log)
         scores = {**by_fp[model_fp], "model_fp": model_fp}
@@ -361,11 +361,12 @@ def _score_in_workers(wh: "Warehouse", cfg: "PivotConfig", policies: list[Policy
     """Score the models not yet in the evaluation cache, several at once (runtime.workers); {model_fp: scores}.
     With one worker this does nothing: score_policies scores them in turn."""
     from pivot_assets.core.parallel import EVAL_MEMORY_GIB, resolve_workers, run_jobs
-    from pivot_assets.policies.models import policy_fingerprint
+
+    from .runs import model_fingerprint
 
     todo: dict[str, str] = {}
     for policy in policies:
-        fp = policy_fingerprint(policy.model)
+        fp = model_fingerprint(policy.model, cfg)
         if fp not in todo and not _cache_path(wh, fp, key).exists():
             todo[fp] = policy.model
     workers = resolve_workers(cfg.runtime.workers, cfg.runtime.threads, len(todo), EVAL_MEMORY_GIB)

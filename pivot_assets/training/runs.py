@@ -67,16 +67,23 @@ def eval_seed(cfg: PivotConfig) -> int:
 
 
 def sft_identity(cfg: PivotConfig) -> dict:
-    """What the SFT model depends on in the config (the code version of sft_policy)."""
-    return {"sft": {**cfg.sft.model_dump(), "dtype": resolve_dtype(cfg.sft.dtype).dtype},
+    """What the SFT model depends on in the config (the code version of sft_policy): the dtype as resolved on
+    the device SFT runs on (policy.device)."""
+    return {"sft": {**cfg.sft.model_dump(), "dtype": resolve_dtype(cfg.sft.dtype, cfg.policy.device).dtype},
             "split": [cfg.training.eval_fraction, cfg.training.seed]}
 
 
-def sft_key(wh: Warehouse, cfg: PivotConfig) -> str:
-    from pivot_assets.policies.models import policy_fingerprint
+def model_fingerprint(model: str, cfg: PivotConfig) -> str:
+    """A model's identity under the prompt format every stage renders with (policy.chat_template,
+    policy.thinking): the same weights rendered with another template train and sample differently."""
+    from pivot_assets.policies.models import PromptFormat, policy_fingerprint
 
+    return policy_fingerprint(model, PromptFormat.from_policy(cfg.policy))
+
+
+def sft_key(wh: Warehouse, cfg: PivotConfig) -> str:
     return short_hash(canonical_json({**sft_identity(cfg), "data": wh.data_version("trajectories"),
-                                      "base": policy_fingerprint(base_model(cfg))}))
+                                      "base": model_fingerprint(base_model(cfg), cfg)}))
 
 
 def training_identity(cfg: PivotConfig) -> dict:
@@ -94,13 +101,11 @@ def has_cuda() -> bool:
 
 
 def grpo_key(wh: Warehouse, cfg: PivotConfig, verifier_fp: str) -> str:
-    from pivot_assets.policies.models import policy_fingerprint
-
     from .split import split_fingerprint
 
     return short_hash(canonical_json({
         "training": training_identity(cfg), "pivots": wh.data_version(SET_TABLES[cfg.training.set]),
-        "init": policy_fingerprint(init_model(wh, cfg)), "verifier": verifier_fp, "cpu_smoke": not has_cuda(),
+        "init": model_fingerprint(init_model(wh, cfg), cfg), "verifier": verifier_fp, "cpu_smoke": not has_cuda(),
         "split": split_fingerprint(wh, cfg.training.eval_fraction, cfg.training.seed),
     }))
 
@@ -129,8 +134,6 @@ def ablation_steps(cfg: PivotConfig) -> int:
 
 def arm_key(wh: Warehouse, cfg: PivotConfig, arm: str, seed: int, verifier_fp: str | None) -> str:
     """Everything one arm's model depends on: arm, seed, budget, its pivot set's data, init, reward, split."""
-    from pivot_assets.policies.models import policy_fingerprint
-
     from .split import split_fingerprint
 
     trainer, pivot_set, _ = ARM_SPECS[arm]
@@ -138,7 +141,7 @@ def arm_key(wh: Warehouse, cfg: PivotConfig, arm: str, seed: int, verifier_fp: s
     return short_hash(canonical_json({
         "arm": arm, "seed": seed, "steps": ablation_steps(cfg), "section": section,
         "sft_lr": cfg.ablation.sft_learning_rate if cfg.ablation else None,
-        "pivots": wh.data_version(SET_TABLES[pivot_set]), "init": policy_fingerprint(init_model(wh, cfg)),
+        "pivots": wh.data_version(SET_TABLES[pivot_set]), "init": model_fingerprint(init_model(wh, cfg), cfg),
         "verifier": verifier_fp, "split": split_fingerprint(wh, cfg.training.eval_fraction, cfg.training.seed),
         "cpu_smoke": not has_cuda(),
     }))
