@@ -32,7 +32,7 @@ def test_marker_round_trip_and_is_done(tmp_path):
 
 
 def test_sft_key_follows_the_sft_section_the_split_and_the_data(tmp_path, monkeypatch):
-    monkeypatch.setattr("pivot_assets.policies.models.policy_fingerprint", lambda model: f"fp:{model}")
+    monkeypatch.setattr("pivot_assets.policies.models.policy_fingerprint", lambda model, fmt=None: f"fp:{model}")
     wh = _warehouse(tmp_path)
     key = runs.sft_key(wh, _cfg(tmp_path))
     assert key == runs.sft_key(wh, _cfg(tmp_path))
@@ -43,7 +43,7 @@ def test_sft_key_follows_the_sft_section_the_split_and_the_data(tmp_path, monkey
 
 
 def test_grpo_key_ignores_evaluation_keys_and_follows_training_verifier_and_pivots(tmp_path, monkeypatch):
-    monkeypatch.setattr("pivot_assets.policies.models.policy_fingerprint", lambda model: f"fp:{model}")
+    monkeypatch.setattr("pivot_assets.policies.models.policy_fingerprint", lambda model, fmt=None: f"fp:{model}")
     wh = _warehouse(tmp_path)
     wh.write_table("pivots_adv", pa.table({"turn_id": ["t1"]}))
     key = runs.grpo_key(wh, _cfg(tmp_path), "v1")
@@ -76,7 +76,7 @@ def test_eval_seed_is_apart_from_profiling_and_the_same_for_every_policy(tmp_pat
 
 
 def test_arm_models_are_keyed_by_arm_and_seed(tmp_path, monkeypatch):
-    monkeypatch.setattr("pivot_assets.policies.models.policy_fingerprint", lambda model: f"fp:{model}")
+    monkeypatch.setattr("pivot_assets.policies.models.policy_fingerprint", lambda model, fmt=None: f"fp:{model}")
     wh = _warehouse(tmp_path)
     for table in ("pivots_adv", "pivots_cand", "pivots_mixed"):
         wh.write_table(table, pa.table({"turn_id": [table]}))
