@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -103,11 +104,12 @@ def _as_postgres_user(args: list[str]) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def postgres(tmp_path_factory):
+def postgres():
     """PostgreSQL 15 from the machine image in a temp dir on 127.0.0.1: {"url": ..., "port": ...}."""
     if not (PG_BIN / "initdb").exists():
         pytest.skip(f"PostgreSQL 15 binaries not found in {PG_BIN}")
-    root = tmp_path_factory.mktemp("postgres")
+    # not under pytest's tmp dir: that is private to root, and the server runs as `postgres` when we are root
+    root = Path(tempfile.mkdtemp(prefix="pivot-pg-"))
     data, sock = root / "data", root / "sock"
     sock.mkdir()
     if os.geteuid() == 0:
@@ -128,6 +130,9 @@ def postgres(tmp_path_factory):
             time.sleep(0.2)
         subprocess.run([str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "pivot", "dagster"],
                        check=True, capture_output=True)
-        yield {"url": f"postgresql://pivot@127.0.0.1:{port}/dagster", "port": port}
+        # SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3; dagster-postgres installs psycopg2
+        yield {"url": f"postgresql+psycopg2://pivot@127.0.0.1:{port}/dagster",
+               "libpq_url": f"postgresql://pivot@127.0.0.1:{port}/dagster", "port": port}
     finally:
         _stop(proc)
+        shutil.rmtree(root, ignore_errors=True)
