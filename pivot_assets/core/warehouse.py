@@ -518,9 +518,11 @@ class Warehouse:
         status: dict[str, str] = {}
         with self.connect() as con:
             for name in self.tables():
+                # hive_partitioning off: a view's columns are the table's, with no `shard` column inferred
+                # from the shard=NNN folders (DuckDB adds one when every part sits in such a folder)
                 con.execute(
                     f"create or replace view {name} as "
-                    f"select * from read_parquet('{self.source_glob(name)}', union_by_name = true)"
+                    f"select * from read_parquet('{self.source_glob(name)}', union_by_name = true, hive_partitioning = false)"
                 )
             for path in sorted(SQL_DIR.glob("*.sql")):
                 text = path.read_text(encoding="utf-8")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import duckdb
 import pyarrow as pa
@@ -123,3 +124,20 @@ def test_failed_write_keeps_the_last_good_object(tmp_path, s3_env):
             raise RuntimeError("crash mid-write")
     assert wh.read_arrow("t").column("x").to_pylist() == [1, 2, 3]
     assert not list(wh.root.glob(".tmp-*"))
+
+
+def test_the_duckdb_shell_reads_the_views_with_httpfs_and_a_secret_from_the_env(tmp_path, s3_env):
+    """The recipe in the README: the `duckdb` shell (duckdb-cli, same version) on the state dir's pivot.duckdb."""
+    from pivot_assets.core.warehouse import httpfs_extension_path
+
+    wh = s3_warehouse(tmp_path, s3_env)
+    wh.write_table("turns", pa.table({"turn_id": ["a", "b", "c"]}))
+    wh.refresh_views()
+    endpoint = os.environ["AWS_ENDPOINT_URL"].removeprefix("http://")
+    setup = (f"LOAD '{httpfs_extension_path()}'; CREATE SECRET (TYPE s3, KEY_ID getenv('AWS_ACCESS_KEY_ID'), "
+             f"SECRET getenv('AWS_SECRET_ACCESS_KEY'), ENDPOINT '{endpoint}', URL_STYLE 'path', USE_SSL false);")
+    duck = subprocess.run([str(Path(sys.executable).parent / "duckdb"), str(wh.duckdb_path), "-readonly", "-csv",
+                           "-cmd", setup, "-c", "select count(*) from turns"],
+                          capture_output=True, text=True, timeout=120)
+    assert duck.returncode == 0, duck.stderr
+    assert duck.stdout.split()[-1] == "3"

@@ -140,6 +140,10 @@ def test_s3_warehouse_matches_local_and_reruns_from_cache(tmp_path, s3_env, embe
     remote.pivot("sql", "pivot_funnel")
     checked = remote.pivot("check", check=False).stdout
     assert "rollouts: PASS" in checked and "turn_profiles: PASS" in checked and "pivots_adv: " in checked
+    exported = remote.root / "export" / "pivots_mixed.jsonl"
+    remote.pivot("export", "--set", "mixed", "--format", "nemo-gym", "--out", str(exported))
+    n_mixed = len(rw.read("pivots_mixed"))
+    assert len(exported.read_text().splitlines()) == n_mixed
 
     assert_no_credentials(remote.root, texts=remote.output)
 
