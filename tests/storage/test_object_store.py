@@ -141,3 +141,18 @@ def test_the_duckdb_shell_reads_the_views_with_httpfs_and_a_secret_from_the_env(
                           capture_output=True, text=True, timeout=120)
     assert duck.returncode == 0, duck.stderr
     assert duck.stdout.split()[-1] == "3"
+
+
+def test_table_paths_open_in_pyarrow_and_duckdb_as_uris(tmp_path, s3_env):
+    """Stages pass table_path() straight to pyarrow (read_schema, ParquetFile) and into DuckDB SQL."""
+    import pyarrow.parquet as pq
+
+    wh = s3_warehouse(tmp_path, s3_env)
+    wh.write_table("trajectories", pa.table({"trajectory_id": ["t1", "t2"], "n": [1, 2]}))
+    path = wh.table_path("trajectories")
+    assert path.exists() and path.is_file() and path.stat().st_size > 0
+    assert pq.read_schema(path).names == ["trajectory_id", "n"]
+    assert pq.ParquetFile(path).metadata.num_rows == 2
+    assert duckdb.sql(f"select sum(n) from read_parquet('{path}')").fetchone()[0] == 3
+    with wh.duck() as con:
+        assert con.sql(f"select count(*) from read_parquet('{wh.source_glob('trajectories')}')").fetchone()[0] == 2
