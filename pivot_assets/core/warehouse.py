@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pivot_assets.core.catalog import SQL_DIR
+
 DUCKDB_FILE = "pivot.duckdb"
 LOCATION_FILE = "location.txt"  # in an object-store warehouse's local state dir: the s3:// URI of its tables
 S3_SCHEME = "s3://"
@@ -102,7 +103,7 @@ class S3Settings:
         return f"S3Settings(endpoint={self.endpoint!r}, scheme={self.scheme!r}, region={self.region!r}, credentials=<from env>)"
 
     @classmethod
-    def from_env(cls, env=os.environ) -> "S3Settings":
+    def from_env(cls, env=os.environ) -> S3Settings:
         key_id, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
         if not key_id or not secret:
             raise ValueError("an s3:// warehouse needs AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment "
@@ -126,7 +127,7 @@ class S3Settings:
 
     def duckdb_secret_sql(self) -> str:
         """A TEMPORARY secret: it lives in the connection's memory, never in the database file."""
-        q = lambda s: "'" + s.replace("'", "''") + "'"  # noqa: E731
+        q = lambda s: "'" + s.replace("'", "''") + "'"
         fields = [f"KEY_ID {q(self.key_id)}", f"SECRET {q(self.secret)}", f"REGION {q(self.region)}"]
         if self.session_token:
             fields.append(f"SESSION_TOKEN {q(self.session_token)}")
@@ -230,10 +231,10 @@ class ObjectPath:
     def __hash__(self) -> int:
         return hash(self.key)
 
-    def __lt__(self, other: "ObjectPath") -> bool:
+    def __lt__(self, other: ObjectPath) -> bool:
         return self.key < other.key
 
-    def __truediv__(self, part: str) -> "ObjectPath":
+    def __truediv__(self, part: str) -> ObjectPath:
         return ObjectPath(self.fs, f"{self.key}/{part}")
 
     @property
@@ -245,7 +246,7 @@ class ObjectPath:
         return self.name.rsplit(".", 1)[0]
 
     @property
-    def parent(self) -> "ObjectPath":
+    def parent(self) -> ObjectPath:
         return ObjectPath(self.fs, self.key.rsplit("/", 1)[0])
 
     def _info(self):
@@ -456,7 +457,7 @@ class Warehouse:
     def read_arrow(self, name: str, columns: list[str] | None = None) -> pa.Table:
         whole = self.table_path(name)
         fs = whole.fs if isinstance(whole, ObjectPath) else None
-        where = (lambda p: p.key) if fs is not None else str  # noqa: E731
+        where = (lambda p: p.key) if fs is not None else str
         if whole.exists():
             return pq.read_table(where(whole), columns=columns, filesystem=fs)
         parts = self.part_files(name)

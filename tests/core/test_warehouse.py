@@ -1,6 +1,5 @@
 """The Parquet + DuckDB warehouse: atomic writes, incremental parts, views, named queries."""
 
-import os
 import subprocess
 import sys
 

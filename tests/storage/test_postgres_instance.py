@@ -6,12 +6,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import dagster as dg
 import polars as pl
-import pytest
 
 from pivot_assets.core.config import load_config
 from pivot_assets.core.warehouse import Warehouse
