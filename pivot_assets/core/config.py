@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 FORMATS = ("auto", "openai", "responses", "tau2", "sharegpt")
 Dtype = Literal["auto", "float32", "bfloat16"]
+STATE_DIR = ".warehouse-state"  # beside the config: the local state of s3:// warehouses, one dir per bucket/prefix
 
 
 class ConfigError(ValueError):
@@ -179,6 +180,19 @@ class PivotConfig(_Strict):
     # Directory the relative paths above are resolved against (the config file's folder).
     base_dir: str = "."
 
+    @field_validator("warehouse")
+    @classmethod
+    def _warehouse_location(cls, v: str) -> str:
+        """A local dir, or s3://bucket/prefix on any S3-compatible store (endpoint and credentials from the env)."""
+        if "://" in v:
+            from pivot_assets.core.warehouse import parse_s3_uri
+
+            if not v.startswith("s3://"):
+                raise ValueError(f"{v!r}: a warehouse is a local dir or s3://bucket/prefix")
+            parse_s3_uri(v)
+            return v.rstrip("/")
+        return v
+
     @field_validator("verifier")
     @classmethod
     def _verifier_shape(cls, v: dict) -> dict:
@@ -194,7 +208,15 @@ class PivotConfig(_Strict):
 
     @property
     def warehouse_dir(self) -> Path:
-        return self.resolve(self.warehouse)
+        """The warehouse's local dir: the tables and pivot.duckdb, or for an s3:// warehouse the local state
+        (pivot.duckdb with views over the objects, models, plots, exports, caches) under
+        <config dir>/.warehouse-state/<bucket>/<prefix>, which records the URI (core/warehouse.py)."""
+        if not self.warehouse.startswith("s3://"):
+            return self.resolve(self.warehouse)
+        from pivot_assets.core.warehouse import bind_state_dir, parse_s3_uri
+
+        bucket, prefix = parse_s3_uri(self.warehouse)
+        return bind_state_dir(self.resolve(STATE_DIR) / bucket / prefix, self.warehouse)
 
     def section(self, name: str) -> dict:
         """A section as a plain dict (what the Dagster-free libraries take)."""

@@ -40,6 +40,7 @@ from pivot_assets.core.catalog import (
     RELATED_TABLES,
 )
 from pivot_assets.core.shapes import ROLES
+from pivot_assets.core.warehouse import connect_for
 
 __all__ = ["BLOCKING_TABLES", "CONTRACT_TABLES", "ContractResult", "check_parquet", "load_suite_spec", "prewarm",
            "run_contract"]
@@ -111,7 +112,7 @@ def check_parquet(table: str, sources: dict[str, str], params: dict | None = Non
     read_parquet reads (a file or a glob). Nothing is loaded whole: memory is bounded by `memory_limit`."""
     _known(table)
     _require_related(table, sources)
-    with _connection(memory_limit) as con:
+    with _connection(memory_limit, sources) as con:
         con.execute(f"CREATE VIEW contract_source AS SELECT *, filename AS __file, file_row_number AS __row "
                     f"FROM read_parquet({_sql_str(sources[table])}, union_by_name = true, filename = true, "
                     f"file_row_number = true)")
@@ -135,9 +136,9 @@ def _require_related(table: str, related: dict) -> None:
 class _connection:
     """An in-memory DuckDB with a memory budget and a spill directory (a context manager)."""
 
-    def __init__(self, memory_limit: str = MEMORY_LIMIT):
+    def __init__(self, memory_limit: str = MEMORY_LIMIT, sources: dict[str, str] | None = None):
         spill = os.path.join(tempfile.gettempdir(), "pivot-contracts-spill")
-        self.con = duckdb.connect(config={"memory_limit": memory_limit, "temp_directory": spill})
+        self.con = connect_for(sources, memory_limit=memory_limit, temp_directory=spill)
         self.con.execute("SET enable_progress_bar = false")
 
     def __enter__(self) -> duckdb.DuckDBPyConnection:

@@ -90,9 +90,9 @@ def stream_pivot_states(pivots_path: str, trajectories_path: str,
 
     DuckDB slices each state out of its trajectory (messages[:message_index]) and sorts by selection_rank within
     its memory budget; Python sees one batch of pivots at a time. Same errors as iter_pivot_states."""
-    import duckdb
+    from pivot_assets.core.warehouse import connect_for
 
-    con = duckdb.connect(config={"memory_limit": EXPORT_MEMORY})
+    con = connect_for([pivots_path, trajectories_path], memory_limit=EXPORT_MEMORY)
     try:
         con.execute("SET enable_progress_bar = false")
         columns = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM read_parquet('{pivots_path}')").fetchall()}

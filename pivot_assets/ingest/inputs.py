@@ -96,10 +96,11 @@ def write_ingest(wh: Warehouse, inputs: list[dict], *, workers: int | None = Non
 
 
 def write_turns(wh: Warehouse) -> int:
-    """`trajectories` -> `turns` (one streaming DuckDB COPY, written to a temp file and renamed)."""
+    """`trajectories` -> `turns` (one streaming DuckDB COPY into a temp file, then renamed or uploaded whole)."""
     from .turn_extraction import extract_turns_parquet
 
-    return extract_turns_parquet(wh.table_path("trajectories"), wh.table_path("turns"))
+    with wh.atomic_path(wh.table_path("turns")) as tmp:
+        return extract_turns_parquet(wh.table_path("trajectories"), tmp)
 
 
 def action_kind_mix(wh: Warehouse) -> dict[str, int]:

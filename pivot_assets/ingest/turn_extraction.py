@@ -129,11 +129,11 @@ def extract_turns_parquet(
     vectors and row groups, not the input size. The output is written to a temp file and renamed, so a crash
     leaves no partial file at `out_path`. Row order follows the input (trajectory order, then message order).
     """
-    import duckdb
+    from pivot_assets.core.warehouse import connect_for
 
     out_path = Path(out_path)
     tmp = out_path.with_name(out_path.name + ".tmp")
-    con = duckdb.connect(config={"memory_limit": memory_limit, **({"threads": threads} if threads else {})})
+    con = connect_for(trajectories_path, memory_limit=memory_limit, **({"threads": threads} if threads else {}))
     try:
         con.execute("SET enable_progress_bar = false")  # a library call prints nothing to the terminal
         copy = f"COPY ({TURNS_SQL}) TO '{_sql_str(tmp)}' (FORMAT parquet, ROW_GROUP_SIZE {int(row_group_size)})"

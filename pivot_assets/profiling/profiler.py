@@ -55,7 +55,7 @@ def generation_requests(wh: Warehouse, turn_ids: Iterable[str]) -> list:
     so a trajectory's turns sit together and the backend can reuse their shared prefix."""
     from pivot_assets.policies.base import GenerationRequest
 
-    con = duckdb.connect()
+    con = wh.duck()
     _with_wanted(con, turn_ids)
     rows = con.execute(
         f"""
@@ -260,7 +260,7 @@ def score_rollouts(
     from pivot_assets.verifiers import parse_candidate
 
     verifier_fp = verifiers.fingerprint
-    con = duckdb.connect(config={"memory_limit": SCORE_MEMORY})
+    con = wh.duck(memory_limit=SCORE_MEMORY)
     _with_wanted(con, turn_ids)
     n = 0
     reasons: dict[str, int] = {}
@@ -310,7 +310,7 @@ def profiles_sql(wh: Warehouse) -> str:
 
 
 def build_profiles(wh: Warehouse, policy_fp: str, sampling_fp: str, verifier_fp: str, turn_ids: Iterable[str]) -> pa.Table:
-    con = duckdb.connect()
+    con = wh.duck()
     _with_wanted(con, turn_ids)
     table = con.execute(
         profiles_sql(wh), {"policy_fp": policy_fp, "sampling_fp": sampling_fp, "verifier_fp": verifier_fp}

@@ -1,6 +1,5 @@
 """The Parquet + DuckDB warehouse: atomic writes, incremental parts, views, named queries."""
 
-import os
 import subprocess
 import sys
 
@@ -83,3 +82,35 @@ def test_named_query_and_errors():
 def test_invalid_table_name(tmp_path):
     with pytest.raises(ValueError):
         Warehouse(tmp_path).table_path("bad name; drop")
+
+
+def test_s3_uris_and_the_state_dir_marker(tmp_path):
+    from pivot_assets.core.warehouse import LOCATION_FILE, bind_state_dir, parse_s3_uri
+
+    assert parse_s3_uri("s3://my-bucket/runs/2026") == ("my-bucket", "runs/2026")
+    assert parse_s3_uri("s3://my-bucket") == ("my-bucket", "")
+    for bad in ("s3://a/x", "s3://Bucket/x", "s3://bucket/x y", "s3://bucket/../x"):
+        with pytest.raises(ValueError, match="not an S3 warehouse URI"):
+            parse_s3_uri(bad)
+    state = bind_state_dir(tmp_path / "state", "s3://my-bucket/runs")
+    assert (state / LOCATION_FILE).read_text().strip() == "s3://my-bucket/runs"
+    assert not Warehouse(tmp_path / "local").is_remote  # a dir without the marker is a local warehouse
+
+
+def test_connections_never_auto_install_and_wait_for_the_writer(tmp_path):
+    """A second process may be refreshing pivot.duckdb's views: connect waits for its lock, then proceeds."""
+    from pivot_assets.core.warehouse import connect_for
+
+    wh = Warehouse(tmp_path)
+    wh.write_table("t", pa.table({"x": [1]}))
+    wh.refresh_views()
+    with connect_for(wh) as con:
+        assert con.sql("select current_setting('autoinstall_known_extensions')").fetchone()[0] is False
+    holder = subprocess.Popen([sys.executable, "-c",
+                               "import duckdb, sys, time; con = duckdb.connect(sys.argv[1]); print('locked', flush=True); "
+                               "time.sleep(3)", str(wh.duckdb_path)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    con = wh.connect(read_only=True)  # blocked by the other process's write lock until it exits
+    assert con.sql("select x from t").fetchone()[0] == 1
+    con.close()
+    holder.wait()

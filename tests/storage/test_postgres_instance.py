@@ -1,0 +1,98 @@
+"""A shared Dagster instance in PostgreSQL 15 (dagster-postgres), started by the test on 127.0.0.1: two `pivot run`s
+at once record both runs and all their events there, and each warehouse gets exactly the rows it should."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import polars as pl
+
+from pivot_assets.core.config import load_config
+from pivot_assets.core.warehouse import Warehouse
+from pivot_assets.ingest.inputs import resolved_inputs, write_ingest, write_turns
+
+VENV_BIN = Path(sys.executable).parent
+
+# The dagster.yaml the README documents (the URL comes from the environment, so no password sits in the file).
+DAGSTER_YAML = """\
+storage:
+  postgres:
+    postgres_url:
+      env: PIVOT_DAGSTER_PG_URL
+concurrency:
+  pools:
+    default_limit: 1
+  runs:
+    max_concurrent_runs: 8
+telemetry:
+  enabled: false
+"""
+
+
+def expected_turns(tmp_path: Path, text: str) -> pl.DataFrame:
+    """The turns a config's input gives, computed by the Dagster-free libraries in a throwaway local warehouse."""
+    root = tmp_path / "reference" / str(abs(hash(text)))
+    root.mkdir(parents=True)
+    (root / "pivot.yaml").write_text(text.split("\n", 1)[1])  # the same input, the default local warehouse
+    cfg = load_config(root / "pivot.yaml")
+    wh = Warehouse(cfg.warehouse_dir)
+    write_ingest(wh, resolved_inputs(cfg), workers=1)
+    write_turns(wh)
+    return wh.read("turns").sort("turn_id")
+
+
+def test_two_runs_at_once_share_a_postgres_instance(tmp_path, postgres, s3_env, monkeypatch):
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(DAGSTER_YAML)
+    env = {**os.environ, "DAGSTER_HOME": str(home), "PIVOT_DAGSTER_PG_URL": postgres["url"]}
+    env.pop("PIVOT_CONFIG", None)
+    # two warehouses, one on the object store and one local, one instance: like two shard runs at once
+    configs = {"s3": f"warehouse: {s3_env}\nsample: {{n_trajectories: 6, seed: 1}}\n",
+               "local": "warehouse: ./wh\nsample: {n_trajectories: 4, seed: 2}\n"}
+    procs = {}
+    for name, text in configs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "pivot.yaml").write_text(text)
+        procs[name] = subprocess.Popen([str(VENV_BIN / "pivot"), "run", "--select", "trajectories,turns"],
+                                       cwd=tmp_path / name, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=True)
+    outputs = {name: p.communicate(timeout=600) for name, p in procs.items()}
+    for name, p in procs.items():
+        assert p.returncode == 0, outputs[name][1][-2000:]
+    run_ids = {name: next(line.split()[1].rstrip(":") for line in outputs[name][0].splitlines()
+                          if line.startswith("run ")) for name in configs}
+
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("PIVOT_DAGSTER_PG_URL", postgres["url"])
+    with dg.DagsterInstance.get() as instance:
+        assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+        records = {name: instance.get_run_record_by_id(run_id) for name, run_id in run_ids.items()}
+        assert all(r.dagster_run.status == dg.DagsterRunStatus.SUCCESS for r in records.values())
+        # they really ran at the same time (each started before the other ended)
+        a, b = records.values()
+        assert a.start_time < b.end_time and b.start_time < a.end_time
+        for name, run_id in run_ids.items():
+            events = instance.all_logs(run_id)
+            materialized = {e.dagster_event.asset_key.to_user_string() for e in events if e.is_dagster_event
+                            and e.dagster_event.event_type == dg.DagsterEventType.ASSET_MATERIALIZATION}
+            assert materialized == {"trajectories", "quarantine", "turns"}, name
+            assert any(e.dagster_event.event_type == dg.DagsterEventType.RUN_SUCCESS
+                       for e in events if e.is_dagster_event)
+
+    # the events are in Postgres itself, not in a local file
+    n_events = subprocess.run([str(Path("/usr/lib/postgresql/15/bin/psql")), postgres["libpq_url"], "-tAc",
+                               "select count(*) from event_logs where run_id in ('%s', '%s')" % tuple(run_ids.values())],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    assert int(n_events) > 10
+    assert not list(home.rglob("*.db"))  # no SQLite storage was created beside it
+
+    # each warehouse holds exactly the turns its input gives
+    for name, text in configs.items():
+        wh = Warehouse(load_config(tmp_path / name / "pivot.yaml").warehouse_dir)
+        got = wh.read("turns").sort("turn_id")
+        assert got.equals(expected_turns(tmp_path, text)), name
