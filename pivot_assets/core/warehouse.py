@@ -161,7 +161,8 @@ class Warehouse:
         parts = self.part_files(name)
         if not parts:
             raise FileNotFoundError(f"table {name!r} has not been materialized in {self.root}")
-        return pq.ParquetDataset([str(p) for p in parts]).read(columns=columns)
+        # partitioning=None: a `shard=NNN` folder is a layout, not a column (DuckDB reads below say the same)
+        return pq.ParquetDataset([str(p) for p in parts], partitioning=None).read(columns=columns)
 
     def read(self, name: str, columns: list[str] | None = None):
         import polars as pl
@@ -200,7 +201,7 @@ class Warehouse:
             for name in self.tables():
                 con.execute(
                     f"create or replace view {name} as "
-                    f"select * from read_parquet('{self.source_glob(name)}', union_by_name = true)"
+                    f"select * from read_parquet('{self.source_glob(name)}', union_by_name = true, hive_partitioning = false)"
                 )
             for path in sorted(SQL_DIR.glob("*.sql")):
                 text = path.read_text(encoding="utf-8")
