@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from collections.abc import Iterable
-from pathlib import Path
 
 import duckdb
 
@@ -109,11 +109,12 @@ def check_layout(wh: Warehouse, shards: int) -> None:
                 f"set shards: {recorded} again, or use a new warehouse dir for {shards} shards")
         return
     if any(wh.part_files(name) for name in SHARDED_TABLES) or wh.table_path("turn_profiles").exists():
-        # profiled before the layout was recorded: that was the single-process layout
-        recorded = 1 if not any(Path(wh.parts_dir(n)).glob("shard=*") for n in SHARDED_TABLES) else None
-        if recorded != shards:
-            raise ValueError(f"scale.shards is {shards} but the warehouse {wh.root} holds profiling rows of "
-                             f"another layout; use a new warehouse dir")
-    tmp = path.with_name(f".tmp-{LAYOUT_FILE}")
+        # rows from before the layout was recorded: sharded folders, or the single-process layout (shards 1)
+        sharded = any(any(wh.parts_dir(n).glob("shard=*")) for n in SHARDED_TABLES)
+        if sharded or shards != 1:
+            found = "sharded rows of an unrecorded shard count" if sharded else "rows profiled with shards: 1"
+            raise ValueError(f"scale.shards is {shards} but the warehouse {wh.root} holds {found}; "
+                             "use a new warehouse dir (or the shard count it was profiled with)")
+    tmp = path.with_name(f".tmp-{LAYOUT_FILE}-{uuid.uuid4().hex[:8]}")  # shard runs may record it at once
     tmp.write_text(json.dumps({"shards": shards}), encoding="utf-8")
     tmp.replace(path)
