@@ -115,3 +115,39 @@ def test_shard_folders_are_no_column(tmp_path):
     with wh.connect(read_only=True) as con:
         assert {r[0] for r in con.execute("describe rollouts").fetchall()} == names
         assert con.execute("select count(*) from rollouts").fetchone()[0] == 2
+
+
+def test_instance_settings_for_shard_runs(tmp_path, monkeypatch):
+    """The shipped run-queue limit (one run in flight per shard) and fleet pool load as Dagster reads them."""
+    from tests.conftest import REPO_ROOT
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text((REPO_ROOT / "configs" / "dagster_instance_scale.yaml").read_text())
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    instance = dg.DagsterInstance.get()
+    config = instance.get_concurrency_config()
+    assert config.run_queue_config.tag_concurrency_limits == [
+        {"key": "dagster/partition", "value": {"applyLimitPerUniqueValue": True}, "limit": 1}]
+    assert config.pool_config.default_pool_limit == 64
+    graph = build_definitions(PivotConfig.model_validate({"scale": {"shards": 2}})).resolve_asset_graph()
+    from pivot_assets.profiling.assets import GENERATION_POOL
+
+    assert graph.get(dg.AssetKey("rollouts")).pools == {GENERATION_POOL}
+
+
+def test_a_busy_shard_refuses_a_second_run(tmp_path, monkeypatch):
+    """One run in flight per shard, also for runs the run queue never sees (`pivot run`, execute_in_process)."""
+    from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
+
+    from pivot_assets.runner import run_assets
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    instance = dg.DagsterInstance.get()
+    instance.add_run(DagsterRun(job_name="__ASSET_JOB", run_id="busy-run", status=DagsterRunStatus.STARTED,
+                                tags={"dagster/partition": "001"}))
+    defs = build_definitions(PivotConfig.model_validate({"scale": {"shards": 2}, "warehouse": str(tmp_path / "wh")}))
+    report = run_assets(defs, [dg.AssetKey("rollout_rewards")], instance, partition_key="001")
+    assert not report.success and "shard 001 already has run busy-run in flight" in report.error
+    assert not (tmp_path / "wh" / "rollout_rewards").exists()  # stopped before writing anything
