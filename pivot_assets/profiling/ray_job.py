@@ -82,11 +82,14 @@ def generate_shard(cfg: PivotConfig, shard: int | None, log=print) -> dict:
         ds = ray.data.from_items(rows, override_num_blocks=max(1, math.ceil(len(rows) / batch)))
         out = ds.map_batches(
             ShardGenerator, fn_constructor_kwargs={"config": cfg.model_dump(mode="json"), "shard": shard},
-            batch_size=batch, concurrency=cfg.scale.ray_actors, num_cpus=cfg.scale.ray_actor_cpus,
+            batch_size=batch, compute=ray.data.ActorPoolStrategy(size=cfg.scale.ray_actors),
+            num_cpus=cfg.scale.ray_actor_cpus,
             num_gpus=cfg.scale.ray_actor_gpus or None, batch_format="numpy",
         ).take_all()
         stats.update(rollouts_generated=sum(r["rows"] for r in out), generated_tokens=sum(r["tokens"] for r in out),
-                     parts_written=len(out), actor_processes=len({r["pid"] for r in out}))
+                     parts_written=len(out), actor_processes=len({r["pid"] for r in out}),
+                     # actor seconds in generate_samples (summed over actors): generation alone, no start-up
+                     generation_s=round(sum(r["seconds"] for r in out), 2))
     wall = time.perf_counter() - t0
     stats.update(wall_s=round(wall, 2), rows_per_s=round(stats["rollouts_generated"] / wall, 3) if wall else 0.0,
                  tokens_per_s=round(stats["generated_tokens"] / wall, 1) if wall else 0.0)
