@@ -118,7 +118,11 @@ def _run_sharded(args, cfg, defs, instance, plan) -> int:
     print(f"materializing {plan.describe()}", file=sys.stderr)
     if plan.before and not _print_report(run_assets(defs, plan.before, instance)):
         return 1
-    failed = _shard_runs(args, cfg, plan.shards)
+    shards = plan.shards if args.stale else _shards_needing_a_run(defs, instance, plan.shards)
+    fresh = sorted(set(plan.shards) - set(shards))
+    if fresh:
+        print(f"shards fresh, not run: {', '.join(fresh)} (`pivot run --shard NNN` forces one)", file=sys.stderr)
+    failed = _shard_runs(args, cfg, shards)
     if failed:
         print(f"error: shard run(s) failed: {', '.join(failed)}; the assets after them were not run "
               "(`pivot run --stale` reruns what is left)", file=sys.stderr)
@@ -130,6 +134,16 @@ def _run_sharded(args, cfg, defs, instance, plan) -> int:
         Warehouse(cfg.warehouse_dir).refresh_views()
     print(f"warehouse: {cfg.warehouse_dir} (duckdb {cfg.warehouse_dir / 'pivot.duckdb'})")
     return 0
+
+
+def _shards_needing_a_run(defs, instance, shards: dict) -> dict:
+    """Each shard's selected assets that are stale or missing (asked after the unpartitioned assets before them
+    ran, so a change there shows); a shard whose selected assets are all fresh needs no run."""
+    from pivot_assets.runner import stale_targets
+
+    stale = {(r.key, r.partition) for r in stale_targets(defs, instance, include_missing=True)}
+    out = {p: [k for k in keys if (k, p) in stale] for p, keys in shards.items()}
+    return {p: keys for p, keys in out.items() if keys}
 
 
 def _shard_runs(args, cfg, shards: dict) -> list[str]:

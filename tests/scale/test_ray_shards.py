@@ -159,8 +159,11 @@ def test_verifier_change_rescores_every_shard_without_generating(profiled, in_pr
     assert "rollout_rewards[" not in capsys.readouterr().out
 
 
-def test_pivot_sets_read_every_shard(profiled, in_project):
+def test_pivot_sets_read_every_shard(profiled, in_project, capsys):
     root = in_project(profiled)
+    capsys.readouterr()
+    assert pivot(["run", "--select", PROFILING]) == 0  # every shard fresh: `pivot run` starts no shard run
+    assert "shards fresh, not run: 000, 001, 002, 003" in capsys.readouterr().err
     assert pivot(["run", "--select", "pivots_mixed"]) == 0  # the pivot-set multi-asset, unpartitioned
     logged = {r[0] for r in duckdb.sql(  # the turns the selection saw profiles of (the rest: not_profiled)
         f"select distinct turn_id from read_parquet('{root}/wh/pivot_selection_log.parquet') "

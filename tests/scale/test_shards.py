@@ -59,7 +59,9 @@ def test_layout_is_recorded_and_another_shard_count_refused(tmp_path):
 
 def test_partitions_only_when_sharded():
     def partitions(cfg):
-        graph = build_definitions(cfg).resolve_asset_graph()
+        defs = build_definitions(cfg)
+        dg.Definitions.validate_loadable(defs)  # the code location the UI loads, jobs included
+        graph = defs.resolve_asset_graph()
         return {k.to_user_string(): graph.get(k).partitions_def for k in graph.get_all_asset_keys()}
 
     assert all(p is None for p in partitions(PivotConfig()).values())
