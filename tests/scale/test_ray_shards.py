@@ -56,6 +56,7 @@ scale: {{shards: {shards}, engine: ray, ray_address: "{ray_head.dashboard}", ray
 @pytest.fixture
 def in_project(monkeypatch):
     def enter(root: Path) -> Path:
+        (root / "dagster_home").mkdir(exist_ok=True)
         monkeypatch.setenv("DAGSTER_HOME", str(root / "dagster_home"))
         monkeypatch.delenv("PIVOT_CONFIG", raising=False)
         monkeypatch.chdir(root)
