@@ -65,7 +65,12 @@ def run_assets(defs: dg.Definitions, keys: list[dg.AssetKey], instance: dg.Dagst
     job = defs.resolve_implicit_global_asset_job_def()
     from pivot_assets.curation.contracts import prewarm
 
-    prewarm()  # Great Expectations imports in the background while the first steps (ingest) run
+    # Great Expectations imports in the background while the first steps run. It imports sqlalchemy.orm, which
+    # Dagster's own instance queries also import lazily: imported here first, the two threads never race on a
+    # half-initialized module (a shard run's first step queries the instance at once; it failed that way).
+    import sqlalchemy.orm  # noqa: F401
+
+    prewarm()
     # Dagster's console logger defaults to DEBUG (every engine event); stage progress lines are INFO.
     level = os.environ.get("PIVOT_LOG_LEVEL", "INFO").upper()
     result = job.execute_in_process(
