@@ -88,7 +88,7 @@ def main() -> None:
                 results[engine] = {"pivot_run_s": wall, "shards": shard_figures(root)}
     finally:
         head.stop()
-    lines = [f"# Shard runs: local engine vs Ray engine (2 shards, one at a time, this CPU)", "",
+    lines = ["# Shard runs: local engine vs Ray engine (2 shards, one at a time, this CPU)", "",
              f"{args.trajectories} sample trajectories, first {args.turns} turns, K={args.k}, max_new_tokens="
              f"{args.max_new_tokens}, Ray batch {args.batch_rows} rows, torch 1 thread; load average at start "
              f"{load[0]:.2f}. Ray head (`ray start --head --block`, 127.0.0.1) answered after {head.start_s:.1f} s.", "",

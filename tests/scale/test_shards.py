@@ -10,8 +10,20 @@ from pivot_assets.core.catalog import ROLLOUTS_SCHEMA
 from pivot_assets.core.config import ConfigError, PivotConfig, load_config
 from pivot_assets.core.warehouse import Warehouse
 from pivot_assets.pipeline import build_definitions
-from pivot_assets.profiling.profiler import PER_SAMPLE, PER_TURN, policy_version, sampling_fingerprint
-from pivot_assets.profiling.shards import check_layout, parse_shard, part_key, partition_keys, read_sql, shard_of
+from pivot_assets.profiling.profiler import (
+    PER_SAMPLE,
+    PER_TURN,
+    policy_version,
+    sampling_fingerprint,
+)
+from pivot_assets.profiling.shards import (
+    check_layout,
+    parse_shard,
+    part_key,
+    partition_keys,
+    read_sql,
+    shard_of,
+)
 from pivot_assets.runner import plan_runs
 
 PROFILING = ("rollouts", "rollout_rewards", "turn_profiles")
