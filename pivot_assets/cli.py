@@ -41,36 +41,142 @@ def _defs_and_instance(args):
 
 
 def cmd_run(args) -> int:
-    from pivot_assets.runner import parse_selection, run_assets, stale_assets
+    from pivot_assets.runner import parse_selection, plan_runs, run_assets, stale_targets
 
     cfg, defs, instance = _defs_and_instance(args)
     if args.missing and not args.stale:
         raise ValueError("--missing goes with --stale")
+    if getattr(args, "shard", None) is not None:
+        return _run_one_shard(args, cfg, defs, instance)
     if args.stale:
         if args.select:
             raise ValueError("--stale and --select are exclusive")
-        names = [name for name, status, _ in stale_assets(defs, instance, include_missing=args.missing)
-                 if status == "STALE" or args.missing]
-        if not names:
+        rows = [r for r in stale_targets(defs, instance, include_missing=args.missing)
+                if r.status == "STALE" or args.missing]
+        if not rows:
             print("nothing is stale" + ("" if args.missing else " (never-materialized assets run with --missing)"))
             return 0
-        keys = parse_selection(defs, ",".join(names))
+        keys = parse_selection(defs, ",".join(dict.fromkeys(r.key.to_user_string() for r in rows)))
+        targets = [(r.key, r.partition) for r in rows] + [(k, None) for k in keys if k not in {r.key for r in rows}]
     else:
         keys = parse_selection(defs, args.select)
+        targets = [(k, None) for k in keys]
+    plan = plan_runs(defs, targets)
+    if plan.shards:
+        return _run_sharded(args, cfg, defs, instance, plan)
     print(f"materializing {len(keys)} assets: {', '.join(k.to_user_string() for k in keys)}", file=sys.stderr)
     report = run_assets(defs, keys, instance, run_id=os.environ.get(RUN_ID))
+    if not _print_report(report):
+        return 1
+    print(f"warehouse: {cfg.warehouse_dir} (duckdb {cfg.warehouse_dir / 'pivot.duckdb'})")
+    return 0
+
+
+def _print_report(report, label: str = "run") -> bool:
+    """The run's outcome as the lines `pivot run` prints; True when it succeeded."""
     if not report.success and "Interrupted" in (report.error or ""):
         raise KeyboardInterrupt  # stopped by a signal: one line from the supervisor (or main), not a run report
-    print(f"run {report.run_id}: materialized {', '.join(report.materialized) or 'nothing'}")
+    print(f"{label} {report.run_id}: materialized {', '.join(report.materialized) or 'nothing'}")
     for check in report.failed_checks:
         print(f"failed check: {check}")
     if report.skipped:
         print(f"not materialized: {', '.join(report.skipped)}")
     if not report.success:
-        print(f"error: run failed: {report.error or 'see the Dagster UI for the run log'}", file=sys.stderr)
+        print(f"error: {label} failed: {report.error or 'see the Dagster UI for the run log'}", file=sys.stderr)
+    return report.success
+
+
+# -- shards: one run per shard ------------------------------------------------------------------------------
+# `pivot run` on a sharded config runs the unpartitioned assets the shards need, then one run per shard, each in
+# its own process (`pivot run --shard NNN`: engine local one after another, engine ray up to scale.max_shard_runs
+# at once, the work being on the cluster), then, once every shard succeeded, the unpartitioned rest (pivot sets
+# read every shard). A shard run never opens pivot.duckdb; the views are refreshed once at the end.
+
+
+def _run_one_shard(args, cfg, defs, instance) -> int:
+    from pivot_assets.profiling.shards import parse_shard, partition_key
+    from pivot_assets.runner import parse_selection, run_assets
+
+    if cfg.scale.shards == 1:
+        raise ValueError("--shard needs scale.shards > 1 (nothing is sharded with shards: 1)")
+    if args.stale:
+        raise ValueError("--shard and --stale are exclusive (`pivot run --stale` runs the stale shards)")
+    key = partition_key(parse_shard(args.shard, cfg.scale.shards))
+    graph = defs.resolve_asset_graph()
+    keys = [k for k in parse_selection(defs, args.select) if graph.get(k).partitions_def is not None]
+    if not keys:
+        raise ValueError(f"--shard runs sharded assets only; {args.select!r} selects none")
+    print(f"shard {key}: materializing {', '.join(k.to_user_string() for k in keys)}", file=sys.stderr)
+    report = run_assets(defs, keys, instance, run_id=os.environ.get(RUN_ID), partition_key=key)
+    return 0 if _print_report(report, f"shard {key} run") else 1
+
+
+def _run_sharded(args, cfg, defs, instance, plan) -> int:
+    from pivot_assets.core.warehouse import Warehouse
+    from pivot_assets.runner import run_assets
+
+    print(f"materializing {plan.describe()}", file=sys.stderr)
+    if plan.before and not _print_report(run_assets(defs, plan.before, instance)):
         return 1
+    shards = plan.shards if args.stale else _shards_needing_a_run(defs, instance, plan.shards)
+    fresh = sorted(set(plan.shards) - set(shards))
+    if fresh:
+        print(f"shards fresh, not run: {', '.join(fresh)} (`pivot run --shard NNN` forces one)", file=sys.stderr)
+    failed = _shard_runs(args, cfg, shards)
+    if failed:
+        print(f"error: shard run(s) failed: {', '.join(failed)}; the assets after them were not run "
+              "(`pivot run --stale` reruns what is left)", file=sys.stderr)
+        return 1
+    if plan.after:
+        if not _print_report(run_assets(defs, plan.after, instance)):
+            return 1
+    else:  # no unpartitioned step ran after the shards: refresh the views over their parts here, once
+        Warehouse(cfg.warehouse_dir).refresh_views()
     print(f"warehouse: {cfg.warehouse_dir} (duckdb {cfg.warehouse_dir / 'pivot.duckdb'})")
     return 0
+
+
+def _shards_needing_a_run(defs, instance, shards: dict) -> dict:
+    """Each shard's selected assets that are stale or missing (asked after the unpartitioned assets before them
+    ran, so a change there shows); a shard whose selected assets are all fresh needs no run."""
+    from pivot_assets.runner import stale_targets
+
+    stale = {(r.key, r.partition) for r in stale_targets(defs, instance, include_missing=True)}
+    out = {p: [k for k in keys if (k, p) in stale] for p, keys in shards.items()}
+    return {p: keys for p, keys in out.items() if keys}
+
+
+def _shard_runs(args, cfg, shards: dict) -> list[str]:
+    """Run every shard's run in its own `pivot run --shard` process; the shards that failed."""
+    in_flight = cfg.scale.max_shard_runs if cfg.scale.engine == "ray" else 1
+    env = {k: v for k, v in os.environ.items() if k != RUN_ID}
+    env[SUPERVISED] = "1"  # SIGTERM stops a shard run cleanly (Dagster records it as failed)
+    pending = list(shards.items())
+    running: dict[str, subprocess.Popen] = {}
+    failed: list[str] = []
+    try:
+        while pending or running:
+            while pending and len(running) < in_flight:
+                key, keys = pending.pop(0)
+                argv = ["run", "--in-process", "--shard", key, "--select", ",".join(k.to_user_string() for k in keys)]
+                argv += ["--config", args.config] if args.config else []
+                running[key] = subprocess.Popen([sys.executable, "-m", "pivot_assets.cli", *argv], env=env)
+            for key, proc in list(running.items()):
+                if proc.poll() is not None:
+                    del running[key]
+                    if proc.returncode != 0:
+                        failed.append(key)
+            time.sleep(0.2)
+    finally:  # interrupted: stop the shard runs still going (each keeps the parts it wrote)
+        for proc in running.values():
+            proc.terminate()
+        for proc in running.values():
+            try:
+                proc.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    return sorted(failed)
 
 
 ABLATION_SELECTION = "*ablation_results"  # what ablation_job runs: the ablation and everything upstream
@@ -179,11 +285,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--select", default=None, help="Dagster asset selection, or asset names joined by commas")
     sp.add_argument("--stale", action="store_true", help="materialize the stale assets (add --missing for never-run ones)")
     sp.add_argument("--missing", action="store_true", help="with --stale: also assets never materialized")
+    sp.add_argument("--shard", default=None,
+                    help="run one shard (partition key, e.g. 003) of the sharded assets selected (scale.shards > 1)")
     sp.add_argument("--in-process", action="store_true",
                     help="work in this process (no supervisor: SIGTERM waits for the current torch op)")
     sp = verb("ablate", cmd_ablate, "train and evaluate the ablation arms (ablation_job)")
     sp.add_argument("--in-process", action="store_true", help="work in this process (no supervisor)")
-    verb("stale", cmd_stale, "list stale or missing assets: <asset> <STALE|MISSING> <reason>")
+    verb("stale", cmd_stale, "list stale or missing assets (a shard: <asset>[NNN]): <asset> <STALE|MISSING> <reason>")
     sp = verb("sql", cmd_sql, "run a named query from sql/ or an ad-hoc query")
     sp.add_argument("query", help="a file name in sql/ (without .sql) or a SQL query")
     sp.add_argument("--format", choices=["table", "csv", "json"], default="table")

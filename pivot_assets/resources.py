@@ -100,3 +100,24 @@ def reused_figures(context: dg.AssetExecutionContext, keys: tuple[str, ...]) -> 
     if out:
         out["reused_from_run"] = dg.MetadataValue.text(event.run_id)
     return out
+
+
+# -- shard runs ----------------------------------------------------------------------------------------------
+# A shard's run never touches pivot.duckdb (one writer: the unpartitioned steps refresh its views), so shard
+# runs can be in flight at once. Its data version is the shard's own content fingerprint.
+SHARD_TAG = "dagster/partition"  # Dagster tags every partition run with it; the run queue limit keys on it
+
+
+def require_only_run_of_shard(context: dg.AssetExecutionContext) -> None:
+    """One run in flight per shard: a second run of the same shard stops before writing anything.
+
+    Both runs are registered (STARTED) before their first step, so of two that start together each sees the
+    other and neither writes (never both). The instance's run queue limit on SHARD_TAG (README: Scale) keeps the
+    UI's and the daemon's runs from getting this far."""
+    in_flight = (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING)
+    others = [r.run_id for r in context.instance.get_runs(
+        filters=dg.RunsFilter(tags={SHARD_TAG: context.partition_key}, statuses=list(in_flight)))
+        if r.run_id != context.run_id]
+    if others:
+        raise RuntimeError(f"shard {context.partition_key} already has run {others[0]} in flight; wait for it "
+                           "(or, if its process is gone, terminate it in the Dagster UI) and run again")

@@ -60,11 +60,17 @@ class RunReport:
 
 
 def run_assets(defs: dg.Definitions, keys: list[dg.AssetKey], instance: dg.DagsterInstance,
-               run_id: str | None = None) -> RunReport:
+               run_id: str | None = None, partition_key: str | None = None) -> RunReport:
+    """One run of `keys` (of one shard's partition when partition_key is given)."""
     job = defs.resolve_implicit_global_asset_job_def()
     from pivot_assets.curation.contracts import prewarm
 
-    prewarm()  # Great Expectations imports in the background while the first steps (ingest) run
+    # Great Expectations imports in the background while the first steps run. It imports sqlalchemy.orm, which
+    # Dagster's own instance queries also import lazily: imported here first, the two threads never race on a
+    # half-initialized module (a shard run's first step queries the instance at once; it failed that way).
+    import sqlalchemy.orm  # noqa: F401
+
+    prewarm()
     # Dagster's console logger defaults to DEBUG (every engine event); stage progress lines are INFO.
     level = os.environ.get("PIVOT_LOG_LEVEL", "INFO").upper()
     result = job.execute_in_process(
@@ -72,6 +78,7 @@ def run_assets(defs: dg.Definitions, keys: list[dg.AssetKey], instance: dg.Dagst
         asset_selection=keys,
         raise_on_error=False,
         run_id=run_id,
+        partition_key=partition_key,
         run_config={"loggers": {"console": {"config": {"log_level": level}}}},
     )
     materialized = sorted(
@@ -104,13 +111,34 @@ def cancel_run(run_id: str, message: str) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class StaleRow:
+    key: dg.AssetKey
+    partition: str | None  # a shard's partition key; None for an unpartitioned asset
+    status: str  # STALE | MISSING
+    reason: str
+
+    @property
+    def name(self) -> str:
+        """`rollouts[002]` for a shard, the asset name otherwise."""
+        return self.key.to_user_string() + (f"[{self.partition}]" if self.partition is not None else "")
+
+
 def stale_assets(defs: dg.Definitions, instance: dg.DagsterInstance,
                  include_missing: bool = True) -> list[tuple[str, str, str]]:
-    """(asset, STALE|MISSING, reason) for every asset that is not fresh, in graph order.
+    """(asset, STALE|MISSING, reason) for every asset (shard: `asset[NNN]`) that is not fresh, in graph order."""
+    return [(r.name, r.status, r.reason) for r in stale_targets(defs, instance, include_missing)]
 
-    A materialized asset below a STALE one is STALE too (it will change when that one reruns). Below a
-    MISSING one it is STALE only with include_missing: `pivot run --stale` reruns what exists and never
-    starts a stage nobody asked for (a verifier change must not launch SFT on a profiling-only warehouse).
+
+def stale_targets(defs: dg.Definitions, instance: dg.DagsterInstance,
+                  include_missing: bool = True) -> list[StaleRow]:
+    """Every asset, and every shard of a partitioned one, that is not fresh, in graph order.
+
+    Partitioned assets are asked per partition: asked without a key, Dagster reports one as FRESH. A
+    materialized asset below a STALE one is STALE too (it will change when that one reruns): a shard below its
+    own shard of a parent, an unpartitioned asset below any shard. Below a MISSING one it is STALE only with
+    include_missing: `pivot run --stale` reruns what exists and never starts a stage nobody asked for (a
+    verifier change must not launch SFT on a profiling-only warehouse).
     """
     from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
     from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
@@ -123,22 +151,78 @@ def stale_assets(defs: dg.Definitions, instance: dg.DagsterInstance,
         asset_graph=graph,
     )
     resolver = CachingStaleStatusResolver(instance=instance, asset_graph=graph, loading_context=view)
-    out: dict[dg.AssetKey, tuple[str, str]] = {}
+    out: dict[tuple[dg.AssetKey, str | None], StaleRow] = {}
+
+    def not_fresh(parent: dg.AssetKey, partition: str | None) -> list[StaleRow]:
+        """The parent's rows this (asset, partition) sits below: the same shard, or every shard of it."""
+        return [r for (k, p), r in out.items() if k == parent and (partition is None or p in (None, partition))]
+
     for key in graph.toposorted_asset_keys:
-        status = resolver.get_status(key)
-        if status == StaleStatus.MISSING:
-            out[key] = ("MISSING", "never materialized")
-        elif status == StaleStatus.STALE:
-            causes = resolver.get_stale_root_causes(key) or resolver.get_stale_causes(key)
-            out[key] = ("STALE", "; ".join(sorted({_cause_text(c) for c in causes})) or "stale")
+        node = graph.get(key)
+        for partition in (node.partitions_def.get_partition_keys() if node.partitions_def else [None]):
+            status = resolver.get_status(key, partition)
+            if status == StaleStatus.MISSING:
+                out[(key, partition)] = StaleRow(key, partition, "MISSING", "never materialized")
+            elif status == StaleStatus.STALE:
+                causes = resolver.get_stale_root_causes(key, partition) or resolver.get_stale_causes(key, partition)
+                out[(key, partition)] = StaleRow(key, partition, "STALE",
+                                                 "; ".join(sorted({_cause_text(c) for c in causes})) or "stale")
+            else:
+                # Dagster reports only direct causes; a materialized asset below a stale or missing one
+                # will change when that one is rerun, so it is stale too.
+                upstream = sorted({r.key.to_user_string() for p in node.parent_keys for r in not_fresh(p, partition)
+                                   if include_missing or r.status == "STALE"})
+                if upstream:
+                    out[(key, partition)] = StaleRow(key, partition, "STALE",
+                                                     f"upstream {', '.join(upstream)} is stale or missing")
+    return list(out.values())
+
+
+# -- one run per shard -------------------------------------------------------------------------------------------
+@dataclass
+class RunPlan:
+    """What `pivot run` executes, in order: the unpartitioned assets the shards need, then one run per shard
+    (a run over several partitions would report one data version for all of them), then the rest."""
+
+    before: list[dg.AssetKey]
+    shards: dict[str, list[dg.AssetKey]]  # partition key -> the partitioned assets that shard runs
+    after: list[dg.AssetKey]
+
+    def describe(self) -> str:
+        parts = []
+        if self.before:
+            parts.append(", ".join(k.to_user_string() for k in self.before))
+        if self.shards:
+            names = sorted({k.to_user_string() for keys in self.shards.values() for k in keys})
+            parts.append(f"{', '.join(names)} in {len(self.shards)} shard run(s) ({', '.join(sorted(self.shards))})")
+        if self.after:
+            parts.append(", ".join(k.to_user_string() for k in self.after))
+        return "; then ".join(parts)
+
+
+def plan_runs(defs: dg.Definitions, targets: list[tuple[dg.AssetKey, str | None]]) -> RunPlan:
+    """Split (asset, partition) targets into RunPlan order; a partitioned asset given without a partition means
+    every shard of it."""
+    graph = defs.resolve_asset_graph()
+    shards: dict[str, set[dg.AssetKey]] = {}
+    unpartitioned: set[dg.AssetKey] = set()
+    for key, partition in targets:
+        pdef = graph.get(key).partitions_def
+        if pdef is None:
+            unpartitioned.add(key)
         else:
-            # Dagster reports only direct causes; a materialized asset below a stale or missing one
-            # will change when that one is rerun, so it is stale too.
-            upstream = sorted(p.to_user_string() for p in graph.get(key).parent_keys
-                              if p in out and (include_missing or out[p][0] == "STALE"))
-            if upstream:
-                out[key] = ("STALE", f"upstream {', '.join(upstream)} is stale or missing")
-    return [(k.to_user_string(), *out[k]) for k in graph.toposorted_asset_keys if k in out]
+            for p in [partition] if partition is not None else pdef.get_partition_keys():
+                shards.setdefault(p, set()).add(key)
+    partitioned = {k for keys in shards.values() for k in keys}
+    needed = set().union(*(graph.get_ancestor_asset_keys(k) for k in partitioned)) if partitioned else set()
+    order = {k: i for i, k in enumerate(graph.toposorted_asset_keys)}
+
+    def ordered(keys):
+        return sorted(keys, key=order.__getitem__)
+
+    before = _with_siblings(defs, unpartitioned & needed) & unpartitioned  # a multi-asset runs whole
+    return RunPlan(before=ordered(before), shards={p: ordered(keys) for p, keys in sorted(shards.items())},
+                   after=ordered(unpartitioned - before))
 
 
 def _cause_text(cause) -> str:

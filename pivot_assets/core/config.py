@@ -155,7 +155,16 @@ class ScaleSection(_Strict):
 
     shards: int = Field(1, ge=1, le=99)
     engine: Literal["local", "ray"] = "local"
-    ray_address: str | None = None  # e.g. ray://head:10001 or 127.0.0.1:6379; null with engine ray: $RAY_ADDRESS
+    # The Ray job server (the head's dashboard), e.g. http://head:8265; null: $RAY_ADDRESS (which Ray's job
+    # client also lets override this key).
+    ray_address: str | None = None
+    ray_runtime_env: dict[str, Any] | None = None  # the shard job's runtime_env (pip / py_modules / env_vars)
+    ray_actors: int = Field(1, ge=1)  # generation actors (one model each) per shard job
+    ray_actor_cpus: float = Field(1.0, gt=0)
+    ray_actor_gpus: float = Field(0.0, ge=0)  # 1 on a GPU fleet (vLLM / transformers on cuda)
+    ray_batch_rows: int = Field(64, ge=1)  # (turn, sample) rows per Ray Data batch = per written part
+    # Shard runs `pivot run` keeps in flight at once with engine ray (engine local runs them one by one).
+    max_shard_runs: int = Field(4, ge=1)
 
 
 class SampleSection(_Strict):

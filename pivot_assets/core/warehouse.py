@@ -463,7 +463,8 @@ class Warehouse:
         parts = self.part_files(name)
         if not parts:
             raise FileNotFoundError(f"table {name!r} has not been materialized in {self.tables_uri}")
-        return pq.ParquetDataset([where(p) for p in parts], filesystem=fs).read(columns=columns)
+        # partitioning=None: a `shard=NNN` folder is a layout, not a column (DuckDB reads say the same)
+        return pq.ParquetDataset([where(p) for p in parts], filesystem=fs, partitioning=None).read(columns=columns)
 
     def read(self, name: str, columns: list[str] | None = None):
         import polars as pl

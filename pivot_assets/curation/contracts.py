@@ -115,10 +115,10 @@ def check_parquet(table: str, sources: dict[str, str], params: dict | None = Non
     with _connection(memory_limit, sources) as con:
         con.execute(f"CREATE VIEW contract_source AS SELECT *, filename AS __file, file_row_number AS __row "
                     f"FROM read_parquet({_sql_str(sources[table])}, union_by_name = true, filename = true, "
-                    f"file_row_number = true)")
+                    f"file_row_number = true, hive_partitioning = false)")  # shard=NNN/ is a layout, not a column
         for name in RELATED_TABLES.get(table, ()):
             con.execute(f"CREATE VIEW related_{name} AS SELECT * FROM read_parquet({_sql_str(sources[name])}, "
-                        "union_by_name = true)")
+                        "union_by_name = true, hive_partitioning = false)")
         return _check(con, table, params)
 
 

@@ -1,6 +1,10 @@
 """Stage 3 in Dagster: `turns` -> `rollouts` (K reference-policy samples) -> `rollout_rewards` (verifier)
 -> `turn_profiles` (group `profiling`).
 
+With `scale.shards: S` > 1 the three are static partitions '000'..: one run per shard (a run over several
+partitions reports one data version for all of them), and the unpartitioned assets below read every shard.
+With `scale.engine: ray` a shard run submits its generation as a Ray job (ray_job.py) through dagster-ray.
+
 Code versions: `rollouts` = the policy identity (model, sampling, resolved dtype), `rollout_rewards` = the
 verifier fingerprint, so a verifier change makes scoring and everything downstream stale but never `rollouts`.
 """
@@ -10,10 +14,13 @@ import dagster as dg
 from pivot_assets.core.config import PivotConfig
 from pivot_assets.core.plots import histogram_png, markdown_image, save_png
 from pivot_assets.core.warehouse import Warehouse
-from pivot_assets.resources import number_table, publish, reused_figures, timed
+from pivot_assets.resources import number_table, publish, require_only_run_of_shard, reused_figures, timed
 from pivot_assets.verifiers import DomainVerifiers
 
-from .profiler import SFT_MODEL, Profiler, policy_version
+from .profiler import SFT_MODEL, Profiler, policy_version, seeding_of
+from .ray_job import ENTRYPOINT as RAY_ENTRYPOINT
+from .ray_job import runtime_env as ray_runtime_env
+from .shards import parse_shard, partition_keys, shard_data_version, shard_row_count
 
 GROUP = __package__.rsplit(".", 1)[-1]
 PROFILES_VERSION = "1"
@@ -27,17 +34,38 @@ def pass_rate_plot(wh: Warehouse, reward_means: list[float]) -> str:
     return markdown_image(png, "pass-rate histogram")
 
 
+GENERATION_POOL = "pivot_generation"  # the generation fleet: `dagster instance concurrency set pivot_generation N`
+
+
+def shard_partitions(cfg: PivotConfig) -> dg.StaticPartitionsDefinition | None:
+    """One static partition per shard ('000'..), or none: `scale.shards: 1` keeps the unpartitioned assets."""
+    return dg.StaticPartitionsDefinition(partition_keys(cfg.scale.shards)) if cfg.scale.shards > 1 else None
+
+
 def build_assets(cfg: PivotConfig) -> list:
     verifiers = DomainVerifiers(cfg.verifier)
     policy_deps = ["turns"] + (["sft_policy"] if cfg.policy.model == SFT_MODEL else [])
+    partitions = shard_partitions(cfg)
+    seeding = seeding_of(cfg.scale.engine)
 
-    def profiler() -> Profiler:
-        return Profiler(Warehouse(cfg.warehouse_dir), cfg.policy, verifiers, cfg.runtime.threads)
+    def shard_of_run(context: dg.AssetExecutionContext) -> int | None:
+        if partitions is None:
+            return None
+        require_only_run_of_shard(context)
+        return parse_shard(context.partition_key, cfg.scale.shards)
 
-    @dg.asset(deps=policy_deps, group_name=GROUP, code_version=policy_version(cfg.policy), kinds={"parquet", "pytorch"})
+    def profiler(shard: int | None) -> Profiler:
+        return Profiler.for_config(cfg, verifiers, shard)
+
+    @dg.asset(deps=policy_deps, group_name=GROUP, code_version=policy_version(cfg.policy, seeding),
+              kinds={"parquet", "pytorch", *(["ray"] if cfg.scale.engine == "ray" else [])},
+              partitions_def=partitions, pool=GENERATION_POOL)
     def rollouts(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         """K samples per turn from the frozen reference policy (cached by turn, policy and sampling)."""
-        p = profiler()
+        shard = shard_of_run(context)
+        if cfg.scale.engine == "ray":
+            return generate_on_ray(context, cfg, shard)
+        p = profiler(shard)
         with timed() as t:
             stats = p.generate(context.log.info)
         meta = {"wall_s": round(t["seconds"], 1), **{k: _rounded(v) for k, v in stats.items()
@@ -45,32 +73,70 @@ def build_assets(cfg: PivotConfig) -> list:
         if not stats["turns_generated"]:
             meta.update({k: v for k, v in reused_figures(context, GENERATION_FIGURES).items()})
             meta["cached"] = True
-        return publish(p.wh, "rollouts", meta)
+        return publish_profiling(p, "rollouts", meta)
 
-    @dg.asset(deps=["rollouts"], group_name=GROUP, code_version=verifiers.fingerprint, kinds={"parquet"})
+    @dg.asset(deps=["rollouts"], group_name=GROUP, code_version=verifiers.fingerprint, kinds={"parquet"},
+              partitions_def=partitions)
     def rollout_rewards(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         """Every current rollout scored by the configured verifier (cached by rollout key + verifier_fp)."""
-        p = profiler()
+        p = profiler(shard_of_run(context))
         stats = p.score(context.log.info)
         context.log.info(f"scored {stats['rollouts_scored']} rollouts with verifier {stats['verifier_fp']}")
-        return publish(p.wh, "rollout_rewards", {
+        return publish_profiling(p, "rollout_rewards", {
             "verifier_fp": stats["verifier_fp"], "rollouts_scored": stats["rollouts_scored"],
             "scores_per_s": stats["scores_per_s"], "reasons": number_table(stats["reasons"], "reason", "rollouts"),
         })
 
-    @dg.asset(deps=["rollout_rewards"], group_name=GROUP, code_version=PROFILES_VERSION, kinds={"parquet", "duckdb"})
+    @dg.asset(deps=["rollout_rewards"], group_name=GROUP, code_version=PROFILES_VERSION, kinds={"parquet", "duckdb"},
+              partitions_def=partitions)
     def turn_profiles(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         """Per turn under the current (policy, verifier): k, reward mean/var/std, n_pass, n_distinct_actions."""
-        p = profiler()
+        p = profiler(shard_of_run(context))
         table = p.profile()
-        p.wh.write_table("turn_profiles", table)
+        p.write_profiles(table)
         mixed = sum(1 for v in table.column("reward_var").to_pylist() if v and v > 0)
-        plot = pass_rate_plot(p.wh, table.column("reward_mean").to_pylist())
-        return publish(p.wh, "turn_profiles", {
-            "turns": table.num_rows, "mixed_turns": mixed, "zero_variance_turns": table.num_rows - mixed,
-            "pass_rate_histogram": dg.MetadataValue.md(plot)})
+        meta = {"turns": table.num_rows, "mixed_turns": mixed, "zero_variance_turns": table.num_rows - mixed}
+        if p.shard is None:  # one histogram of the whole table (shards would overwrite each other's file)
+            meta["pass_rate_histogram"] = dg.MetadataValue.md(pass_rate_plot(p.wh, table.column("reward_mean").to_pylist()))
+        return publish_profiling(p, "turn_profiles", meta)
 
     return [rollouts, rollout_rewards, turn_profiles]
+
+
+def publish_profiling(p: Profiler, table: str, metadata: dict) -> dg.MaterializeResult:
+    """Unsharded: publish as every table (views, preview). A shard: its rows, folder and data version only; it
+    never opens pivot.duckdb (the unpartitioned steps refresh the views, one writer), so shards run at once."""
+    if p.shard is None:
+        return publish(p.wh, table, metadata)
+    md = {"dagster/row_count": dg.MetadataValue.int(shard_row_count(p.wh, table, p.shard)),
+          "path": dg.MetadataValue.path(str(p.wh.shard_dir(table, p.shard))), **metadata}
+    return dg.MaterializeResult(metadata=md, data_version=dg.DataVersion(shard_data_version(p.wh, table, p.shard)))
+
+
+def generate_on_ray(context: dg.AssetExecutionContext, cfg: PivotConfig, shard: int | None) -> dg.MaterializeResult:
+    """Submit the shard's generation as a Ray job (profiling/ray_job.py) and take its reported materialization.
+
+    One PipesRayJobClient per run: its message reader keeps the previous job's state, and a reused client can
+    report success with nothing read. Dagster would also make up an empty materialization for a job that
+    reported none (implicit materializations): this asks for reported results only and fails without one."""
+    from dagster_ray import PipesRayJobClient
+
+    client = PipesRayJobClient(address=cfg.scale.ray_address, poll_interval=0.5)
+    invocation = client.run(
+        context=context,
+        submit_job_params={"entrypoint": RAY_ENTRYPOINT, "runtime_env": ray_runtime_env(cfg),
+                           "metadata": {"pivot_shard": str(shard)}},
+        extras={"config": cfg.model_dump(mode="json"), "shard": shard},
+    )
+    reported = [r for r in invocation.get_results(implicit_materializations=False)
+                if isinstance(r, dg.MaterializeResult) and r.data_version is not None]
+    job = invocation.metadata.get("Ray Job ID")
+    if not reported:
+        raise RuntimeError(f"Ray job {getattr(job, 'value', job)} finished without reporting a materialization "
+                           "with a data version (see its log: `ray job logs`)")
+    result = reported[-1]
+    return dg.MaterializeResult(metadata={**(result.metadata or {}), **invocation.metadata},
+                                data_version=result.data_version)
 
 
 def _rounded(value):

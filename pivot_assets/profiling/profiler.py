@@ -7,6 +7,12 @@ Both are incremental part-tables: each part holds all K samples of whole turns a
 so a turn is either fully present or absent, a kill -9 loses at most the part in flight, and a rerun
 only generates for turns with no rows under the current (policy_fp, sampling_fp). A verifier change
 re-scores from the cached completions and never regenerates a token.
+
+Sharded (`scale.shards` > 1, profiling/shards.py): a Profiler works on one shard, reads and writes only that
+shard's parts (<table>/shard=NNN/), with deterministic part names. The Ray engine (profiling/ray_job.py) expands
+each turn into K rows, one sample each with its own seed (seeding "per_sample"): its rows resume per sample key
+(turn_id, sample_index), and its sampling fingerprint says so, since they are other draws than the local
+engine's K samples from one generator per turn (seeding "per_turn").
 """
 
 from __future__ import annotations
@@ -26,10 +32,13 @@ from pivot_assets.core.ids import canonical_json, short_hash
 from pivot_assets.core.progress import Progress
 from pivot_assets.core.warehouse import Warehouse
 
+from .shards import check_layout, part_key, read_sql, shard_turns
+
 if TYPE_CHECKING:
-    from pivot_assets.core.config import PolicySection
+    from pivot_assets.core.config import PivotConfig, PolicySection
 
 SCORE_CHUNK = 20_000
+PER_TURN, PER_SAMPLE = "per_turn", "per_sample"  # how samples are seeded (local engine, Ray engine)
 
 
 # -- generation ------------------------------------------------------------------------------
@@ -39,15 +48,35 @@ def select_turns(wh: Warehouse, limit_turns: int | None) -> list[str]:
     return [r[0] for r in duckdb.sql(f"select turn_id from read_parquet('{wh.table_path('turns')}') order by turn_id {limit}").fetchall()]
 
 
-def done_turns(wh: Warehouse, policy_fp: str, sampling_fp: str) -> set[str]:
-    if not wh.part_files("rollouts"):
+def done_turns(wh: Warehouse, policy_fp: str, sampling_fp: str, shard: int | None = None) -> set[str]:
+    if not wh.part_files("rollouts", shard):
         return set()
     rows = duckdb.execute(
-        f"select distinct turn_id from read_parquet('{wh.source_glob('rollouts')}') "
+        f"select distinct turn_id from {read_sql(wh, 'rollouts', shard)} "
         "where policy_fp = ? and sampling_fp = ?",
         [policy_fp, sampling_fp],
     ).fetchall()
     return {r[0] for r in rows}
+
+
+def done_samples(wh: Warehouse, policy_fp: str, sampling_fp: str, shard: int | None = None) -> set[tuple[str, int]]:
+    """(turn_id, sample_index) keys already generated: per-sample resume (a Ray batch may hold part of a turn)."""
+    if not wh.part_files("rollouts", shard):
+        return set()
+    rows = duckdb.execute(
+        f"select distinct turn_id, sample_index from {read_sql(wh, 'rollouts', shard)} "
+        "where policy_fp = ? and sampling_fp = ?", [policy_fp, sampling_fp]).fetchall()
+    return {(t, int(i)) for t, i in rows}
+
+
+def turn_order(wh: Warehouse, turn_ids: Iterable[str]) -> list[str]:
+    """The turns in (trajectory, message index) order: consecutive turns share their prompt prefix."""
+    con = wh.duck()
+    _with_wanted(con, turn_ids)
+    rows = con.execute(f"select turn_id from read_parquet('{wh.table_path('turns')}') join wanted using (turn_id) "
+                       "order by trajectory_id, message_index").fetchall()
+    con.close()
+    return [r[0] for r in rows]
 
 
 def generation_requests(wh: Warehouse, turn_ids: Iterable[str]) -> list:
@@ -80,11 +109,13 @@ def generation_requests(wh: Warehouse, turn_ids: Iterable[str]) -> list:
 
 
 def generate_rollouts(
-    wh: Warehouse, backend, policy_fp: str, sampling, requests: list, progress: Progress | None = None
+    wh: Warehouse, backend, policy_fp: str, sampling, requests: list, progress: Progress | None = None,
+    shard: int | None = None,
 ) -> dict:
     """Generate K samples for each request; one atomic Parquet part per batch the backend yields.
 
-    Rows are keyed by the caller's `policy_fp` (the same one `done_turns` looks up, so resume works)."""
+    Rows are keyed by the caller's `policy_fp` (the same one `done_turns` looks up, so resume works). A shard's
+    parts are named by their turns, so a rerun of the same batch overwrites it."""
     traj_of = {r.turn_id: r.trajectory_id for r in requests}
     n_rows = n_tokens = 0
     t0 = time.perf_counter()
@@ -108,7 +139,8 @@ def generate_rollouts(
             ],
             schema=ROLLOUTS_SCHEMA,
         )
-        wh.append_part("rollouts", part)
+        key = None if shard is None else part_key(policy_fp, sampling.fingerprint, rows={s.turn_id for s in batch})
+        wh.append_part("rollouts", part, shard=shard, key=key)
         n_rows += len(batch)
         n_tokens += sum(s.n_completion_tokens for s in batch)
         if progress:
@@ -127,29 +159,29 @@ SCORE_MEMORY = "1GB"
 TRAJECTORY_BATCH = 256
 
 
-def unscored_rollouts_sql(wh: Warehouse) -> str:
+def unscored_rollouts_sql(wh: Warehouse, shard: int | None = None) -> str:
     """The current rollouts of the wanted turns with no reward under $verifier_fp: (turn_id, sample_index,
     completion) only, no state."""
     scored = (
-        f"""and not exists (select 1 from read_parquet('{wh.source_glob('rollout_rewards')}') s
+        f"""and not exists (select 1 from {read_sql(wh, 'rollout_rewards', shard)} s
               where s.turn_id = r.turn_id and s.policy_fp = r.policy_fp and s.sampling_fp = r.sampling_fp
                 and s.sample_index = r.sample_index and s.verifier_fp = $verifier_fp)"""
-        if wh.part_files("rollout_rewards")
+        if wh.part_files("rollout_rewards", shard)
         else ""
     )
     return f"""
         select r.turn_id, r.sample_index, r.completion
-        from read_parquet('{wh.source_glob('rollouts')}') r
+        from {read_sql(wh, 'rollouts', shard)} r
         join wanted using (turn_id)
         where r.policy_fp = $policy_fp and r.sampling_fp = $sampling_fp {scored}
     """
 
 
-def pending_turns_sql(wh: Warehouse) -> str:
+def pending_turns_sql(wh: Warehouse, shard: int | None = None) -> str:
     """The turns with unscored rollouts and where their trajectory is (its row in the trajectories file)."""
     return f"""
         select u.turn_id, u.domain, u.expert_action, u.message_index, t.file_row_number as trajectory_row
-        from (select distinct turn_id from ({unscored_rollouts_sql(wh)})) p
+        from (select distinct turn_id from ({unscored_rollouts_sql(wh, shard)})) p
         join read_parquet('{wh.table_path('turns')}') u using (turn_id)
         join read_parquet('{wh.table_path('trajectories')}', file_row_number = true) t using (trajectory_id)
         order by trajectory_row, u.message_index
@@ -161,9 +193,10 @@ def _with_wanted(con: duckdb.DuckDBPyConnection, turn_ids: Iterable[str]) -> Non
     con.register("wanted", pa.table({"turn_id": pa.array(sorted(set(turn_ids)), pa.string())}))
 
 
-def _scoring_params(wh: Warehouse, policy_fp: str, sampling_fp: str, verifier_fp: str) -> dict:
+def _scoring_params(wh: Warehouse, policy_fp: str, sampling_fp: str, verifier_fp: str,
+                    shard: int | None = None) -> dict:
     params = {"policy_fp": policy_fp, "sampling_fp": sampling_fp}
-    if wh.part_files("rollout_rewards"):
+    if wh.part_files("rollout_rewards", shard):
         params["verifier_fp"] = verifier_fp
     return params
 
@@ -219,14 +252,14 @@ def turn_contexts(wh: Warehouse, pending_turns: Iterator[dict]) -> Iterator[tupl
 
 
 def scoring_batches(wh: Warehouse, con: duckdb.DuckDBPyConnection, params: dict,
-                    chunk_rows: int = SCORE_CHUNK) -> Iterator[list[tuple[dict, TurnContext]]]:
+                    chunk_rows: int = SCORE_CHUNK, shard: int | None = None) -> Iterator[list[tuple[dict, TurnContext]]]:
     """Batches of (rollout row, its turn's context), each of whole turns and about chunk_rows rows."""
-    pending = con.execute(pending_turns_sql(wh), params).fetch_arrow_table()  # small: no text but the action
+    pending = con.execute(pending_turns_sql(wh, shard), params).fetch_arrow_table()  # small: no text but the action
     if pending.num_rows == 0:
         return
     con.register("pending", pending.select(["turn_id", "trajectory_row", "message_index"]))
     rollouts = _rows(con.execute(
-        f"""select r.turn_id, r.sample_index, r.completion from ({unscored_rollouts_sql(wh)}) r join pending p using (turn_id)
+        f"""select r.turn_id, r.sample_index, r.completion from ({unscored_rollouts_sql(wh, shard)}) r join pending p using (turn_id)
             order by p.trajectory_row, p.message_index, r.sample_index""", params).fetch_record_batch(chunk_rows))
     contexts = turn_contexts(wh, (row for b in pending.to_batches(max_chunksize=chunk_rows) for row in b.to_pylist()))
     batch: list[tuple[dict, TurnContext]] = []
@@ -252,7 +285,8 @@ def _advance_to(contexts: Iterator[tuple[str, TurnContext]], turn_id: str) -> Tu
 
 
 def score_rollouts(
-    wh: Warehouse, verifiers, policy_fp: str, sampling_fp: str, turn_ids: Iterable[str], progress_log=None
+    wh: Warehouse, verifiers, policy_fp: str, sampling_fp: str, turn_ids: Iterable[str], progress_log=None,
+    shard: int | None = None,
 ) -> dict:
     """Score every current rollout of the wanted turns not yet scored under this verifier fingerprint.
 
@@ -260,12 +294,15 @@ def score_rollouts(
     from pivot_assets.verifiers import parse_candidate
 
     verifier_fp = verifiers.fingerprint
+    if not wh.part_files("rollouts", shard):  # an empty shard (no trajectory hashed to it) has nothing to score
+        return {"rollouts_scored": 0, "scoring_s": 0.0, "reasons": {}, "scores_per_s": 0}
     con = wh.duck(memory_limit=SCORE_MEMORY)
     _with_wanted(con, turn_ids)
     n = 0
     reasons: dict[str, int] = {}
     t0 = time.perf_counter()
-    for batch in scoring_batches(wh, con, _scoring_params(wh, policy_fp, sampling_fp, verifier_fp)):
+    params = _scoring_params(wh, policy_fp, sampling_fp, verifier_fp, shard)
+    for batch in scoring_batches(wh, con, params, shard=shard):
         items = [{"domain": c.domain, "expected_action": c.expected_action, "candidate": r["completion"],
                   "tools": c.tools, "state": c.state} for r, c in batch]
         out = []
@@ -278,7 +315,9 @@ def score_rollouts(
                 "action": canonical_json(action) if action is not None else None,
             })
             reasons[sc.reason] = reasons.get(sc.reason, 0) + 1
-        wh.append_part("rollout_rewards", pa.Table.from_pylist(out, schema=REWARDS_SCHEMA))
+        key = None if shard is None else part_key(verifier_fp, policy_fp, sampling_fp,
+                                                       rows=(f"{r['turn_id']}:{r['sample_index']}" for r in out))
+        wh.append_part("rollout_rewards", pa.Table.from_pylist(out, schema=REWARDS_SCHEMA), shard=shard, key=key)
         n += len(out)
         if progress_log:
             progress_log(f"scored {n} rollouts")
@@ -289,7 +328,7 @@ def score_rollouts(
 
 
 # -- per-turn profiles -----------------------------------------------------------------------
-def profiles_sql(wh: Warehouse) -> str:
+def profiles_sql(wh: Warehouse, shard: int | None = None) -> str:
     """One row per turn under (policy_fp, sampling_fp, verifier_fp); population variance (ddof=0),
     so for binary rewards reward_var = mean * (1 - mean)."""
     return f"""
@@ -300,7 +339,7 @@ def profiles_sql(wh: Warehouse) -> str:
                stddev_pop(s.reward) as reward_std,
                count(*) filter (where s.reward >= 1.0)::int as n_pass,
                count(distinct coalesce(s.action, '<unparsed>'))::int as n_distinct_actions
-        from read_parquet('{wh.source_glob('rollout_rewards')}') s
+        from {read_sql(wh, 'rollout_rewards', shard) if wh.part_files('rollout_rewards', shard) else 'no_rewards'} s
         join wanted using (turn_id)
         join read_parquet('{wh.table_path('turns')}') u using (turn_id)
         where s.policy_fp = $policy_fp and s.sampling_fp = $sampling_fp and s.verifier_fp = $verifier_fp
@@ -309,11 +348,13 @@ def profiles_sql(wh: Warehouse) -> str:
     """
 
 
-def build_profiles(wh: Warehouse, policy_fp: str, sampling_fp: str, verifier_fp: str, turn_ids: Iterable[str]) -> pa.Table:
+def build_profiles(wh: Warehouse, policy_fp: str, sampling_fp: str, verifier_fp: str, turn_ids: Iterable[str],
+                   shard: int | None = None) -> pa.Table:
     con = wh.duck()
     _with_wanted(con, turn_ids)
+    con.register("no_rewards", REWARDS_SCHEMA.empty_table())  # a shard with no rows yet has an empty profile
     table = con.execute(
-        profiles_sql(wh), {"policy_fp": policy_fp, "sampling_fp": sampling_fp, "verifier_fp": verifier_fp}
+        profiles_sql(wh, shard), {"policy_fp": policy_fp, "sampling_fp": sampling_fp, "verifier_fp": verifier_fp}
     ).fetch_arrow_table()
     con.close()
     return table
@@ -323,7 +364,7 @@ def build_profiles(wh: Warehouse, policy_fp: str, sampling_fp: str, verifier_fp:
 SFT_MODEL = "sft"  # `policy.model: sft`: the warm-up model the sft_policy asset saved in the warehouse
 # What changes the samples (the code version of `rollouts`); speed knobs (batch_size, concurrency) are not in it.
 POLICY_IDENTITY = ("backend", "model", "base_url", "device", "k", "temperature", "top_p", "max_new_tokens", "seed",
-                   "limit_turns")
+                   "limit_turns", "chat_template", "thinking", "thinking_budget")
 
 
 def policy_model(policy: "PolicySection", wh: Warehouse) -> str:
@@ -337,11 +378,30 @@ def policy_precision(policy: "PolicySection") -> Precision:
     return resolve_dtype(policy.dtype, "cuda" if policy.backend == "vllm" else policy.device)
 
 
-def policy_version(policy: "PolicySection") -> str:
+def policy_version(policy: "PolicySection", seeding: str = PER_TURN) -> str:
     """Code version of `rollouts`: the policy identity with the *resolved* dtype (bf16 and fp32 sample
-    slightly different tokens, so moving to a CPU without bf16 must regenerate)."""
+    slightly different tokens, so moving to a CPU without bf16 must regenerate) and, for the Ray engine, its
+    per-sample seeding (other draws than the local engine's)."""
     identity = {k: v for k, v in policy.model_dump().items() if k in POLICY_IDENTITY}
-    return short_hash(canonical_json({**identity, "dtype": policy_precision(policy).dtype}))
+    extra = {} if seeding == PER_TURN else {"seeding": seeding}
+    return short_hash(canonical_json({**identity, "dtype": policy_precision(policy).dtype, **extra}))
+
+
+def seeding_of(engine: str) -> str:
+    """The Ray engine samples each (turn, sample_index) row with its own seed; the local engine K per turn."""
+    return PER_SAMPLE if engine == "ray" else PER_TURN
+
+
+def sampling_fingerprint(sampling, seeding: str = PER_TURN) -> str:
+    """The rows' sampling_fp: the sampling config's, marked when samples are seeded one by one."""
+    return sampling.fingerprint if seeding == PER_TURN else short_hash(f"{sampling.fingerprint}|{seeding}")
+
+
+def sample_seed(seed: int, sample_index: int) -> int:
+    """The seed of sample i of every turn under per-sample seeding (the backend then seeds by (this, turn_id))."""
+    from pivot_assets.core.ids import seeded_int
+
+    return seeded_int(seed, f"sample:{sample_index}")
 
 
 class Profiler:
@@ -351,9 +411,19 @@ class Profiler:
     make one call: generate(), score(), profile().
     """
 
-    def __init__(self, wh: Warehouse, policy: "PolicySection", verifiers, threads: int | str = "auto"):
+    def __init__(self, wh: Warehouse, policy: "PolicySection", verifiers, threads: int | str = "auto",
+                 shard: int | None = None, shards: int = 1, seeding: str = PER_TURN):
         self.wh, self.policy, self.verifiers, self.threads = wh, policy, verifiers, threads
         self.precision = policy_precision(policy)
+        self.shard, self.shards, self.seeding = shard, shards, seeding
+        if (shard is None) != (shards == 1):
+            raise ValueError(f"a Profiler works on one shard of {shards}, or unsharded (shard None, shards 1)")
+
+    @classmethod
+    def for_config(cls, cfg: "PivotConfig", verifiers=None, shard: int | None = None) -> "Profiler":
+        """The Profiler of one shard (or of the whole table when scale.shards is 1) under this config."""
+        return cls(Warehouse(cfg.warehouse_dir), cfg.policy, verifiers, cfg.runtime.threads, shard=shard,
+                   shards=cfg.scale.shards, seeding=seeding_of(cfg.scale.engine))
 
     @cached_property
     def sampling(self):
@@ -362,23 +432,35 @@ class Profiler:
         return SamplingConfig.from_policy(self.policy)
 
     @cached_property
+    def sampling_fp(self) -> str:
+        return sampling_fingerprint(self.sampling, self.seeding)
+
+    @cached_property
     def policy_fp(self) -> str:
         """Fingerprint of the configured reference policy, without loading it."""
-        from pivot_assets.policies.models import policy_fingerprint
+        from pivot_assets.policies.models import PromptFormat, policy_fingerprint
 
-        if self.policy.backend == "openai":
-            return f"openai|{self.policy.base_url}|{self.policy.model}"
+        if self.policy.backend == "openai":  # the server renders with its own template; thinking is sent to it
+            thinking = "" if self.policy.thinking == "keep" else f"|think:{self.policy.thinking}"
+            return f"openai|{self.policy.base_url}|{self.policy.model}{thinking}"
         model = policy_model(self.policy, self.wh)
-        return f"{policy_fingerprint(model)}|{self.policy.backend}:{self.precision.dtype}"
+        fmt = PromptFormat.from_policy(self.policy)  # the template and thinking mode change the samples
+        return f"{policy_fingerprint(model, fmt)}|{self.policy.backend}:{self.precision.dtype}"
 
     @cached_property
     def turns(self) -> list[str]:
-        return select_turns(self.wh, self.policy.limit_turns)
+        """The wanted turns (all, or the first limit_turns), then those of this shard: the shards of a
+        limit_turns config together profile exactly the turns one unsharded run would."""
+        turns = select_turns(self.wh, self.policy.limit_turns)
+        return turns if self.shard is None else shard_turns(self.wh, turns, self.shard, self.shards)
 
     def generate(self, log: Callable[[str], None] | None = None) -> dict:
         """K samples for every wanted turn not yet sampled under (policy_fp, sampling_fp)."""
+        if self.seeding != PER_TURN:
+            raise ValueError("per-sample seeding generates on the Ray engine (profiling/ray_job.py), not here")
         self.wh.clean_temp_files("rollouts")
-        done = done_turns(self.wh, self.policy_fp, self.sampling.fingerprint)
+        check_layout(self.wh, self.shards)
+        done = done_turns(self.wh, self.policy_fp, self.sampling.fingerprint, self.shard)
         pending = [t for t in self.turns if t not in done]
         if log:
             log(f"{len(self.turns)} turns wanted, {len(self.turns) - len(pending)} cached, {len(pending)} to generate"
@@ -396,18 +478,61 @@ class Profiler:
             backend = build_backend(self.policy, model=policy_model(self.policy, self.wh))
             progress = Progress(total=len(pending) * self.sampling.k, log=log)
             stats.update(generate_rollouts(self.wh, backend, self.policy_fp, self.sampling,
-                                           generation_requests(self.wh, pending), progress))
+                                           generation_requests(self.wh, pending), progress, shard=self.shard))
             stats.update({k: v for k, v in backend.stats.items() if isinstance(v, (int, float))})
         return stats
 
     def score(self, log: Callable[[str], None] | None = None) -> dict:
         """Score every current rollout of the wanted turns not yet scored under this verifier set."""
         self.wh.clean_temp_files("rollout_rewards")
-        stats = score_rollouts(self.wh, self.verifiers, self.policy_fp, self.sampling.fingerprint, self.turns,
-                               progress_log=log)
+        stats = score_rollouts(self.wh, self.verifiers, self.policy_fp, self.sampling_fp, self.turns,
+                               progress_log=log, shard=self.shard)
         return {"verifier_fp": self.verifiers.fingerprint, **stats}
 
     def profile(self) -> pa.Table:
         """One row per wanted turn under (policy_fp, sampling_fp, verifier_fp)."""
-        return build_profiles(self.wh, self.policy_fp, self.sampling.fingerprint, self.verifiers.fingerprint,
-                              self.turns)
+        return build_profiles(self.wh, self.policy_fp, self.sampling_fp, self.verifiers.fingerprint,
+                              self.turns, shard=self.shard)
+
+    def write_profiles(self, table: pa.Table) -> None:
+        """The whole table unsharded; one part per shard (always the same name: a rerun replaces it)."""
+        if self.shard is None:
+            self.wh.write_table("turn_profiles", table)
+        else:
+            self.wh.append_part("turn_profiles", table, shard=self.shard, key="profiles")
+
+    # -- per-sample generation (the Ray engine's rows; ray_job.py feeds them through Ray Data) -------
+    def pending_samples(self) -> list[dict]:
+        """(turn_id, sample_index) rows of this shard not yet generated, sample-major then in trajectory
+        order, so a batch holds consecutive turns of a trajectory under one sample seed (prefix reuse)."""
+        check_layout(self.wh, self.shards)
+        self.wh.clean_temp_files("rollouts")
+        done = done_samples(self.wh, self.policy_fp, self.sampling_fp, self.shard)
+        order = turn_order(self.wh, self.turns)
+        return [{"turn_id": t, "sample_index": i} for i in range(self.sampling.k) for t in order
+                if (t, i) not in done]
+
+    def generate_samples(self, backend, rows: list[dict]) -> dict:
+        """Generate one sample per (turn_id, sample_index) row, each seeded by (sample_seed(seed, i), turn_id);
+        write them as ONE part named by its rows, so a retried batch overwrites its own part."""
+        from dataclasses import replace
+
+        by_index: dict[int, list[str]] = {}
+        for r in rows:
+            by_index.setdefault(int(r["sample_index"]), []).append(str(r["turn_id"]))
+        requests = {q.turn_id: q for q in generation_requests(self.wh, {r["turn_id"] for r in rows})}
+        samples = []
+        t0 = time.perf_counter()
+        for i, turn_ids in sorted(by_index.items()):
+            one = replace(self.sampling, k=1, seed=sample_seed(self.sampling.seed, i))
+            for batch in backend.generate([requests[t] for t in turn_ids], one):
+                samples += [replace(s, sample_index=i) for s in batch]
+        part = pa.Table.from_pylist([
+            {"turn_id": s.turn_id, "trajectory_id": requests[s.turn_id].trajectory_id, "policy_fp": self.policy_fp,
+             "sampling_fp": self.sampling_fp, "sample_index": s.sample_index, "completion": s.completion,
+             "n_prompt_tokens": s.n_prompt_tokens, "n_completion_tokens": s.n_completion_tokens,
+             "finish_reason": s.finish_reason} for s in samples], schema=ROLLOUTS_SCHEMA)
+        key = part_key(self.policy_fp, self.sampling_fp, rows=(f"{s.turn_id}:{s.sample_index}" for s in samples))
+        self.wh.append_part("rollouts", part, shard=self.shard, key=key)
+        return {"rows": len(samples), "tokens": sum(s.n_completion_tokens for s in samples),
+                "seconds": time.perf_counter() - t0}

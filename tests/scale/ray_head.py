@@ -1,0 +1,104 @@
+"""A single-node Ray head on 127.0.0.1 for the tests: every port chosen free at run time, its own temp dir, started
+with `ray start --head --block` (so the process we started owns every Ray process, and stopping it stops them:
+never `ray stop`, which would stop every Ray on the machine)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def free_port_range(width: int = 40) -> int:
+    """The first port of `width` consecutive free ports (Ray's worker ports)."""
+    for _ in range(50):
+        start = free_ports(1)[0]
+        if start + width > 65000:
+            continue
+        try:
+            socks = []
+            for p in range(start, start + width):
+                s = socket.socket()
+                s.bind(("127.0.0.1", p))
+                socks.append(s)
+            return start
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port range for Ray workers")
+
+
+@dataclass
+class RayHead:
+    proc: subprocess.Popen
+    dashboard: str  # http://127.0.0.1:PORT, the job server
+    gcs: str
+    temp_dir: str
+    start_s: float
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # `ray start --block` stops the processes it started
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                pass
+        try:  # anything left in the process group we created (workers), by its group id
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+def start_ray_head(num_cpus: int = 2, timeout: float = 180) -> RayHead:
+    gcs, dash, client, mgr, obj, agent_listen, agent_grpc, metrics, rtenv = free_ports(9)
+    workers = free_port_range(40)
+    temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
+    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", "RAY_USAGE_STATS_ENABLED": "0"}
+    cmd = [str(VENV_BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+           f"--port={gcs}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--include-dashboard=true",
+           f"--ray-client-server-port={client}", f"--node-manager-port={mgr}", f"--object-manager-port={obj}",
+           f"--dashboard-agent-listen-port={agent_listen}", f"--dashboard-agent-grpc-port={agent_grpc}",
+           f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={rtenv}",
+           f"--min-worker-port={workers}", f"--max-worker-port={workers + 39}",
+           f"--num-cpus={num_cpus}", "--num-gpus=0", "--object-store-memory=100000000", f"--temp-dir={temp_dir}",
+           "--disable-usage-stats"]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(["nice", "-n", "19", *cmd], env=env, start_new_session=True,
+                            stdout=open(Path(temp_dir) / "head.log", "w"), stderr=subprocess.STDOUT)
+    head = RayHead(proc, f"http://127.0.0.1:{dash}", f"127.0.0.1:{gcs}", temp_dir, 0.0)
+    while time.perf_counter() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ray head exited: {(Path(temp_dir) / 'head.log').read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"{head.dashboard}/api/version", timeout=2) as r:
+                if r.status == 200:
+                    head.start_s = time.perf_counter() - t0
+                    return head
+        except OSError:
+            time.sleep(0.5)
+    head.stop()
+    raise RuntimeError(f"ray head did not answer on {head.dashboard} within {timeout} s")

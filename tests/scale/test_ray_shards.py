@@ -1,0 +1,238 @@
+"""Shards through Ray, for real: a single-node Ray head started here on 127.0.0.1 (free ports, stopped after),
+shard runs that submit Ray jobs through dagster-ray's PipesRayJobClient, the embedded policy in Ray Data actors.
+
+Covers: 4 shards profiled through Ray (two shard runs in flight at once) give exactly turns x K rows with no
+duplicate key; a verifier change re-scores every shard without generating; the pivot sets read every shard;
+kill -9 of a shard's Ray job mid-write, then a rerun, gives exactly turns x K; a job that reports no data version
+fails its run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dagster as dg
+import duckdb
+import pytest
+
+from pivot_assets.cli import main as pivot
+from pivot_assets.profiling.shards import read_sql, shard_of
+
+from .ray_head import start_ray_head
+
+pytestmark = pytest.mark.slow
+K = 2
+SHARDS = 4
+INGEST = "trajectories,turns"
+PROFILING = "rollouts,rollout_rewards,turn_profiles"
+
+
+@pytest.fixture(scope="module")
+def ray_head(request):
+    head = start_ray_head(num_cpus=2)
+    request.addfinalizer(head.stop)
+    print(f"ray head up in {head.start_s:.1f} s at {head.dashboard}")
+    return head
+
+
+def make_project(root: Path, ray_head, *, shards: int, limit_turns: int, batch_rows: int, max_new_tokens: int = 8,
+                 verifier: str = "tool_call") -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "pivot.yaml").write_text(f"""warehouse: ./wh
+sample: {{n_trajectories: 8, seed: 3}}
+policy: {{model: embedded, k: {K}, max_new_tokens: {max_new_tokens}, limit_turns: {limit_turns}, batch_size: 8}}
+verifier: {{default: {{name: {verifier}}}}}
+runtime: {{threads: 1}}
+scale: {{shards: {shards}, engine: ray, ray_address: "{ray_head.dashboard}", ray_batch_rows: {batch_rows}, max_shard_runs: 2}}
+""")
+    return root
+
+
+@pytest.fixture
+def in_project(monkeypatch):
+    def enter(root: Path) -> Path:
+        (root / "dagster_home").mkdir(exist_ok=True)
+        monkeypatch.setenv("DAGSTER_HOME", str(root / "dagster_home"))
+        monkeypatch.delenv("PIVOT_CONFIG", raising=False)
+        monkeypatch.chdir(root)
+        return root
+    return enter
+
+
+def expected_rows(root: Path, shards: int, limit_turns: int) -> dict[int, int]:
+    """turns x K per shard, from the turns table and the shard function (not from what was written)."""
+    rows = duckdb.sql(f"select turn_id, trajectory_id from read_parquet('{root}/wh/turns.parquet') "
+                      f"order by turn_id limit {limit_turns}").fetchall()
+    out = {s: 0 for s in range(shards)}
+    for _, trajectory in rows:
+        out[shard_of(trajectory, shards)] += K
+    return out
+
+
+def rollout_rows(root: Path, shard: int | None = None) -> tuple[int, int]:
+    """(rows, distinct sample keys) of the rollouts, all shards or one."""
+    from pivot_assets.core.warehouse import Warehouse
+
+    wh = Warehouse(root / "wh")
+    if not wh.part_files("rollouts", shard):
+        return 0, 0
+    return duckdb.sql(f"select count(*), count(distinct (turn_id, policy_fp, sampling_fp, sample_index)) "
+                      f"from {read_sql(wh, 'rollouts', shard)}").fetchone()
+
+
+def materializations(asset: str) -> list:
+    return dg.DagsterInstance.get().fetch_materializations(dg.AssetKey(asset), limit=1000).records
+
+
+# -- 4 shards through Ray, then a verifier change, then the pivot sets ------------------------------------------
+LIMIT = 14
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory, ray_head):
+    """One warehouse profiled in 4 shards through Ray (module-scoped: the tests below build on it in order)."""
+    root = make_project(tmp_path_factory.mktemp("ray4"), ray_head, shards=SHARDS, limit_turns=LIMIT, batch_rows=4)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DAGSTER_HOME", str(root / "dagster_home"))
+        mp.chdir(root)
+        t0 = time.perf_counter()
+        code = pivot(["run", "--select", f"{INGEST},{PROFILING}"])
+        wall = time.perf_counter() - t0
+    assert code == 0
+    print(f"4 shards through Ray: {wall:.0f} s for `pivot run`")
+    return root
+
+
+def test_four_shards_through_ray_give_exactly_turns_x_k(profiled, in_project):
+    root = in_project(profiled)
+    expected = expected_rows(root, SHARDS, LIMIT)
+    assert sum(expected.values()) == LIMIT * K and all(expected.values()), expected  # every shard has turns
+    for shard, n in expected.items():
+        assert rollout_rows(root, shard) == (n, n), shard
+    assert rollout_rows(root) == (LIMIT * K, LIMIT * K)
+
+    # one run per shard, each a Ray job with a data version; two of them were in flight at once
+    records = materializations("rollouts")
+    assert sorted(r.partition_key for r in records) == ["000", "001", "002", "003"]
+    for r in records:
+        meta = r.asset_materialization.metadata
+        assert meta["Ray Job ID"].value and meta["seeding"].value == "per_sample"
+        assert r.asset_materialization.tags.get("dagster/data_version")
+    instance = dg.DagsterInstance.get()
+    spans = sorted((s.start_time, s.end_time) for s in (instance.get_run_stats(r.run_id) for r in records))
+    assert len({r.run_id for r in records}) == SHARDS
+    assert any(b[0] < a[1] for a, b in zip(spans, spans[1:])), spans  # overlapping shard runs
+
+    # every shard fresh, and pivot stale says so per shard
+    assert pivot(["stale"]) == 0
+
+
+def test_verifier_change_rescores_every_shard_without_generating(profiled, in_project, capsys):
+    root = in_project(profiled)
+    generated_before = len(materializations("rollouts"))
+    text = (root / "pivot.yaml").read_text().replace("name: tool_call", "name: exact")
+    (root / "pivot.yaml").write_text(text)
+    capsys.readouterr()
+    assert pivot(["stale"]) == 0
+    stale = capsys.readouterr().out
+    for shard in ("000", "001", "002", "003"):
+        assert f"rollout_rewards[{shard}] STALE" in stale and f"turn_profiles[{shard}] STALE" in stale
+        assert f"rollouts[{shard}]" not in stale
+    assert pivot(["run", "--stale"]) == 0
+    assert len(materializations("rollouts")) == generated_before  # not one token generated
+    from pivot_assets.verifiers import DomainVerifiers
+
+    exact = DomainVerifiers({"default": {"name": "exact"}}).fingerprint
+    rescored = {r.partition_key for r in materializations("rollout_rewards")
+                if r.asset_materialization.metadata["rollouts_scored"].value > 0
+                and r.asset_materialization.metadata["verifier_fp"].value == exact}
+    assert rescored == {"000", "001", "002", "003"}
+    verifiers = duckdb.sql(f"select verifier_fp, count(*) from read_parquet('{root}/wh/rollout_rewards/**/*.parquet', "
+                           "hive_partitioning = false) group by all").fetchall()
+    assert sorted(n for _, n in verifiers) == [LIMIT * K, LIMIT * K]
+    capsys.readouterr()
+    assert pivot(["stale"]) == 0
+    assert "rollout_rewards[" not in capsys.readouterr().out
+
+
+def test_pivot_sets_read_every_shard(profiled, in_project, capsys):
+    root = in_project(profiled)
+    capsys.readouterr()
+    assert pivot(["run", "--select", PROFILING]) == 0  # every shard fresh: `pivot run` starts no shard run
+    assert "shards fresh, not run: 000, 001, 002, 003" in capsys.readouterr().err
+    assert pivot(["run", "--select", "pivots_mixed"]) == 0  # the pivot-set multi-asset, unpartitioned
+    logged = {r[0] for r in duckdb.sql(  # the turns the selection saw profiles of (the rest: not_profiled)
+        f"select distinct turn_id from read_parquet('{root}/wh/pivot_selection_log.parquet') "
+        "where reason <> 'not_profiled'").fetchall()}
+    profiled_turns = duckdb.sql(f"select turn_id, trajectory_id from read_parquet('{root}/wh/turn_profiles/**/*.parquet', "
+                                "hive_partitioning = false)").fetchall()
+    assert len(profiled_turns) == LIMIT
+    assert logged == {t for t, _ in profiled_turns}  # a selection decision for every turn of every shard
+    assert {shard_of(traj, SHARDS) for _, traj in profiled_turns} == set(range(SHARDS))
+    with duckdb.connect(str(root / "wh" / "pivot.duckdb"), read_only=True) as con:  # views over all shards
+        assert con.execute("select count(*) from rollouts").fetchone()[0] == LIMIT * K
+        assert "shard" not in {r[0] for r in con.execute("describe turn_profiles").fetchall()}
+
+
+# -- kill -9 of a shard's Ray job mid-write ----------------------------------------------------------------------
+def _running_job(dashboard: str, shard: int):
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    client = JobSubmissionClient(dashboard)
+    for job in client.list_jobs():
+        if job.status == JobStatus.RUNNING and (job.metadata or {}).get("pivot_shard") == str(shard):
+            return job
+    return None
+
+
+def test_kill_9_of_a_shard_job_mid_write_then_rerun(tmp_path, ray_head, in_project):
+    limit = 12
+    root = in_project(make_project(tmp_path / "kill", ray_head, shards=2, limit_turns=limit, batch_rows=2,
+                                   max_new_tokens=16))
+    assert pivot(["run", "--select", INGEST]) == 0
+    expected = expected_rows(root, 2, limit)
+    shard = max(expected, key=expected.get)  # the bigger shard: more parts to kill between
+    argv = [sys.executable, "-m", "pivot_assets.cli", "run", "--in-process", "--shard", f"{shard:03d}",
+            "--select", "rollouts"]
+    proc = subprocess.Popen(argv, env={**os.environ, "PIVOT_SUPERVISED": "1"})
+    killed, deadline = None, time.time() + 420
+    while time.time() < deadline and proc.poll() is None:
+        job = _running_job(ray_head.dashboard, shard)
+        rows = rollout_rows(root, shard)[0]
+        if job is not None and job.driver_info is not None and 0 < rows < expected[shard]:
+            os.kill(int(job.driver_info.pid), signal.SIGKILL)  # the shard job's driver, by its pid
+            killed = rows
+            break
+        time.sleep(0.2)
+    assert killed is not None, "the job finished (or never wrote) before it could be killed mid-write"
+    assert proc.wait(180) != 0  # the Dagster run fails with its Ray job
+    partial, distinct = rollout_rows(root, shard)
+    assert 0 < partial < expected[shard] and partial == distinct
+
+    rerun = subprocess.run(argv, env={**os.environ, "PIVOT_SUPERVISED": "1"}, timeout=420)
+    assert rerun.returncode == 0
+    assert rollout_rows(root, shard) == (expected[shard], expected[shard])  # exactly turns x K, no duplicate key
+    assert not list((root / "wh" / "rollouts").rglob(".tmp-*"))
+    meta = materializations("rollouts")[0].asset_materialization.metadata
+    assert meta["rollouts_generated"].value == expected[shard] - partial  # only the missing sample keys
+
+
+# -- a job that reports no data version fails its run --------------------------------------------------------------
+def test_a_job_reporting_no_data_version_fails_the_run(tmp_path, ray_head, in_project, monkeypatch):
+    from pivot_assets.pipeline import build_definitions
+    from pivot_assets.profiling import assets as profiling_assets
+    from pivot_assets.runner import run_assets
+
+    root = in_project(make_project(tmp_path / "silent", ray_head, shards=2, limit_turns=2, batch_rows=2))
+    script = root / "silent_job.py"
+    script.write_text("from dagster_pipes import open_dagster_pipes\nwith open_dagster_pipes():\n    pass\n")
+    monkeypatch.setattr(profiling_assets, "RAY_ENTRYPOINT", f"python {script}")  # a job that does nothing
+    defs = build_definitions(str(root / "pivot.yaml"))
+    report = run_assets(defs, [dg.AssetKey("rollouts")], dg.DagsterInstance.get(), partition_key="000")
+    assert not report.success
+    assert "without reporting a materialization with a data version" in report.error
