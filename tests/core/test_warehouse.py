@@ -8,6 +8,7 @@ import pyarrow as pa
 import pytest
 
 from pivot_assets.core.warehouse import Warehouse, named_query
+from tests.crashes import fail_mid_table_write, kill_mid_table_write
 
 
 def test_write_table_is_atomic_and_viewable(tmp_path):
@@ -26,10 +27,7 @@ def test_write_table_is_atomic_and_viewable(tmp_path):
 def test_failed_write_keeps_the_last_good_table(tmp_path):
     wh = Warehouse(tmp_path)
     wh.write_table("t", pa.table({"x": [1, 2, 3]}))
-    with pytest.raises(RuntimeError):
-        with wh.table_writer("t", pa.schema([("x", pa.int64())])) as w:
-            w.write_table(pa.table({"x": [9]}))
-            raise RuntimeError("crash mid-write")
+    fail_mid_table_write(wh)
     assert wh.read_arrow("t").column("x").to_pylist() == [1, 2, 3]
     assert not list(tmp_path.glob(".tmp-*"))
 
@@ -37,15 +35,7 @@ def test_failed_write_keeps_the_last_good_table(tmp_path):
 def test_kill_mid_write_leaves_the_last_good_table(tmp_path):
     wh = Warehouse(tmp_path)
     wh.write_table("t", pa.table({"x": [1]}))
-    code = (
-        "import os, pyarrow as pa; from pivot_assets.core.warehouse import Warehouse\n"
-        f"wh = Warehouse({str(tmp_path)!r})\n"
-        "with wh.table_writer('t', pa.schema([('x', pa.int64())])) as w:\n"
-        "    w.write_table(pa.table({'x': list(range(1000))}))\n"
-        "    os.kill(os.getpid(), 9)\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code])
-    assert proc.returncode == -9
+    kill_mid_table_write(str(tmp_path))
     assert wh.read_arrow("t").column("x").to_pylist() == [1]
     assert wh.clean_temp_files("t") == 1
 

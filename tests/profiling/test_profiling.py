@@ -2,11 +2,7 @@
 change re-scores everything without generating a token."""
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import dagster as dg
@@ -14,6 +10,7 @@ import duckdb
 import pytest
 
 from pivot_assets.cli import main as pivot
+from tests.crashes import kill_run_after_first_part
 
 pytestmark = pytest.mark.slow
 VENV_BIN = Path(sys.executable).parent
@@ -82,17 +79,9 @@ def test_kill_9_mid_rollouts_then_resume(project):
     assert pivot(["run", "--select", "trajectories,turns"]) == 0
     # one turn per part (batch_size is a speed knob, not part of the policy identity): room to kill between parts
     (project / "pivot.yaml").write_text(BASE.replace("batch_size: 4", "batch_size: 2"))
-    proc = subprocess.Popen([str(VENV_BIN / "pivot"), "run", "--select", "rollouts"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     parts = project / "wh" / "rollouts"
-    deadline = time.time() + 300
-    while time.time() < deadline and not list(parts.glob("part-*.parquet")) and proc.poll() is None:
-        time.sleep(0.2)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # the supervisor and its worker: kill -9 of everything
-    except ProcessLookupError:
-        pass  # it had already finished: the assertion below says so
-    proc.wait()
+    kill_run_after_first_part([str(VENV_BIN / "pivot"), "run", "--select", "rollouts"],
+                              lambda: bool(list(parts.glob("part-*.parquet"))))
     written = len(rollout_keys(project)) if list(parts.glob("part-*.parquet")) else 0
     assert written < TURNS * K, "the run finished before it could be killed: make the test input larger"
     assert pivot(["run", "--select", "rollouts"]) == 0

@@ -15,6 +15,8 @@ import pytest
 from pivot_assets.core.config import ConfigError, load_config
 from pivot_assets.core.warehouse import S3Settings, Warehouse, connect_for
 
+from tests.crashes import fail_mid_table_write, kill_mid_table_write
+
 from .conftest import ACCESS_KEY, SECRET_KEY
 
 
@@ -101,15 +103,7 @@ def test_tables_parts_views_and_versions(tmp_path, s3_env):
 def test_kill_9_mid_upload_leaves_the_last_good_object(tmp_path, s3_env):
     wh = s3_warehouse(tmp_path, s3_env)
     wh.write_table("t", pa.table({"x": [1]}))
-    code = (
-        "import os, pyarrow as pa; from pivot_assets.core.warehouse import Warehouse\n"
-        f"wh = Warehouse({str(wh.root)!r})\n"
-        "with wh.table_writer('t', pa.schema([('x', pa.int64())])) as w:\n"
-        "    w.write_table(pa.table({'x': list(range(1000))}))\n"
-        "    os.kill(os.getpid(), 9)\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], env=os.environ.copy())
-    assert proc.returncode == -9
+    kill_mid_table_write(str(wh.root), os.environ.copy())
     assert wh.read_arrow("t").column("x").to_pylist() == [1]
     assert wh.clean_temp_files("t") == 1  # the local upload buffer the killed writer left in the state dir
     assert not list(wh.root.glob(".tmp-*"))
@@ -118,10 +112,7 @@ def test_kill_9_mid_upload_leaves_the_last_good_object(tmp_path, s3_env):
 def test_failed_write_keeps_the_last_good_object(tmp_path, s3_env):
     wh = s3_warehouse(tmp_path, s3_env)
     wh.write_table("t", pa.table({"x": [1, 2, 3]}))
-    with pytest.raises(RuntimeError):
-        with wh.table_writer("t", pa.schema([("x", pa.int64())])) as w:
-            w.write_table(pa.table({"x": [9]}))
-            raise RuntimeError("crash mid-write")
+    fail_mid_table_write(wh)
     assert wh.read_arrow("t").column("x").to_pylist() == [1, 2, 3]
     assert not list(wh.root.glob(".tmp-*"))
 

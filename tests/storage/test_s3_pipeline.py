@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import pytest
 from pivot_assets.core.catalog import KEY_COLUMNS
 from pivot_assets.core.config import load_config
 from pivot_assets.core.warehouse import Warehouse
+from tests.crashes import kill_run_after_first_part
 
 from .conftest import ACCESS_KEY, SECRET_KEY
 
@@ -154,17 +154,8 @@ def test_kill_9_mid_rollouts_on_s3_then_resume(tmp_path, s3_env, embedded_model_
     wh = project.warehouse
     # one turn per part (batch_size is a speed knob, not part of the policy identity): room to kill between parts
     project.write(config(s3_env, batch_size=2))
-    proc = subprocess.Popen([str(VENV_BIN / "pivot"), "run", "--select", "rollouts"], cwd=project.root,
-                            env=project.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    deadline = time.time() + 300
-    while time.time() < deadline and not wh.part_files("rollouts") and proc.poll() is None:
-        time.sleep(0.2)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # the supervisor and its worker: kill -9 of everything
-    except ProcessLookupError:
-        pass  # it had already finished: the assertion below says so
-    proc.wait()
+    kill_run_after_first_part([str(VENV_BIN / "pivot"), "run", "--select", "rollouts"],
+                              lambda: bool(wh.part_files("rollouts")), cwd=project.root, env=project.env)
     written = len(rollout_keys(wh))
     assert written < TURNS * K, "the run finished before it could be killed: make the test input larger"
     assert written % K == 0  # whole turns only: no part is ever visible half-written
