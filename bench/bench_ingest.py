@@ -39,7 +39,9 @@ PIVOT = Path(sys.executable).parent / "pivot"
 
 
 def airline_chat_records() -> list[dict]:
-    """The shared tau2 airline simulations as OpenAI chat records."""
+    """The shared tau2 airline simulations as OpenAI chat records, with tool schemas inferred from the calls."""
+    from pivot_assets.ingest import formats
+
     results = json.loads(SHARED.read_text())
     schemas: dict[str, dict] = {}
     kinds = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}
@@ -52,21 +54,7 @@ def airline_chat_records() -> list[dict]:
     tools = [{"type": "function", "function": {"name": name, "description": f"The airline tool {name}.",
               "parameters": {"type": "object", "properties": props, "required": sorted(props)}}}
              for name, props in sorted(schemas.items())]
-    records = []
-    for sim in results["simulations"]:
-        messages = [{"role": "system", "content": sim["policy"]}]
-        for m in sim["messages"]:
-            if m["role"] == "tool":
-                messages.append({"role": "tool", "tool_call_id": m["id"], "content": m["content"]})
-            elif m.get("tool_calls"):
-                messages.append({"role": "assistant", "content": m.get("content"), "tool_calls": [
-                    {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}}
-                    for c in m["tool_calls"]]})
-            else:
-                messages.append({"role": m["role"], "content": m["content"]})
-        records.append({"id": sim["id"], "task_id": sim["task_id"], "messages": messages, "tools": tools,
-                        "reward": sim["reward_info"]["reward"], "domain": "airline"})
-    return records
+    return formats.tau2_as_openai_chat(results, tools)
 
 
 def write_replicated(path: Path, replicas: int) -> tuple[int, int]:

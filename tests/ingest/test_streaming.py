@@ -59,23 +59,8 @@ def write_lines(path: Path, records: list) -> Path:
 
 
 def tau2_as_chat(shared_data_dir: Path) -> list[dict]:
-    """The shared tau2 airline simulations as OpenAI chat records (string arguments, task ids, tools)."""
-    results = json.loads((shared_data_dir / "tau2-bench" / "airline_run1.json").read_text())
-    records = []
-    for sim in results["simulations"]:
-        messages = [{"role": "system", "content": sim["policy"]}]
-        for m in sim["messages"]:
-            if m["role"] == "tool":
-                messages.append({"role": "tool", "tool_call_id": m["id"], "content": m["content"]})
-            elif m.get("tool_calls"):
-                messages.append({"role": "assistant", "content": m.get("content"), "tool_calls": [
-                    {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}}
-                    for c in m["tool_calls"]]})
-            else:
-                messages.append({"role": m["role"], "content": m["content"]})
-        records.append({"id": sim["id"], "task_id": sim["task_id"], "messages": messages,
-                        "reward": sim["reward_info"]["reward"], "domain": "airline"})
-    return records
+    """The shared tau2 airline simulations as OpenAI chat records (string arguments, task ids, no tools)."""
+    return formats.tau2_as_openai_chat(json.loads((shared_data_dir / "tau2-bench" / "airline_run1.json").read_text()))
 
 
 # ---------------------------------------------------------------------------------------------- real data
