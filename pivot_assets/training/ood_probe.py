@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import re
 
-import torch
-
 # category -> matcher kind
 CATEGORY_MATCH = {
     "arithmetic": "number",
@@ -223,6 +221,8 @@ def greedy_generate(model, tokenizer, prompts: list[str], max_new_tokens: int, b
     dropped (the probe grades plain answers; a thought is cut by the probe's prompt format, see probe_completions)."""
     side = tokenizer.padding_side
     tokenizer.padding_side = "left"  # decoder-only batching: pad before the prompt, generate after it
+    import torch  # lazy: building the pipeline's definitions must not pay torch's import
+
     out: list[str] = []
     try:
         for i in range(0, len(prompts), batch_size):
@@ -254,6 +254,8 @@ def ood_accuracy(model_dir: str, items: list[dict] | None = None, max_new_tokens
     grading, and one cut off by max_new_tokens grades as wrong.
     If `details` is a list, one {prompt, answer, kind, completion, correct} dict per item is appended.
     """
+    import torch
+
     from pivot_assets.policies.models import PromptFormat, load_model
     from pivot_assets.policies.thinking import strip_thought
 

@@ -25,8 +25,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-import torch
-
 from pivot_assets.core.hardware import Precision, configure_torch, resolve_dtype
 from pivot_assets.core.shapes import as_canonical_messages, as_list, to_template_messages
 from pivot_assets.policies.models import PromptFormat, load_model, load_tokenizer, render_chat
@@ -36,6 +34,8 @@ log = logging.getLogger(__name__)
 IGNORE_INDEX = -100  # label value torch's cross-entropy skips
 
 if TYPE_CHECKING:
+    import torch
+
     from pivot_assets.core.config import SFTSection
 
 
@@ -226,6 +226,8 @@ def build_examples(trajectories: Iterable[dict], tokenizer, max_length: int, mod
 
 
 def _collate(batch: list[dict], pad_id: int, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    import torch
+
     width = max(len(e["input_ids"]) for e in batch)
     ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     labels = torch.full((len(batch), width), IGNORE_INDEX, dtype=torch.long)
@@ -284,6 +286,8 @@ def train_sft(
     resolved dtype (bf16 autocast only when it says bfloat16). Returns one row per step: {step, loss,
     lr, tokens (non-pad input tokens), loss_tokens, seconds}. `on_step(row)` is called after every step.
     """
+    import torch  # lazy: building the pipeline's definitions must not pay torch's import
+
     if not examples:
         raise ValueError("train_sft: no examples to train on")
     configure_torch(threads)

@@ -57,6 +57,16 @@ def test_definitions_snapshot(project):
     assert "check turns:data_contract blocking=False" in listing
 
 
+def test_building_definitions_imports_no_model_stack(tmp_path):
+    """Every `pivot` command builds the definitions: torch, transformers, TRL and Great Expectations (seconds of
+    imports) load only in the steps that use them."""
+    code = ("import sys; from pivot_assets.pipeline import build_definitions; build_definitions(sys.argv[1]); "
+            "print(sorted(m for m in ('torch', 'transformers', 'trl', 'datasets', 'great_expectations') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code, str(REPO / "pivot.yaml")], capture_output=True, text=True,
+                         cwd=tmp_path, env={**os.environ, "DAGSTER_HOME": str(tmp_path / "dh")}, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
 def test_ingest_and_turns_on_shared_data(project, shared_data_dir, capsys):
     """`pivot run` on real NeMo-Gym + tau2 data; the DuckDB file answers with no Python."""
     project(
