@@ -9,13 +9,7 @@ the backend asks again until each turn has K samples; a few turns profiled throu
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
-from pathlib import Path
 
 import duckdb
 import pytest
@@ -23,9 +17,9 @@ import pytest
 from pivot_assets.policies.base import GenerationRequest, SamplingConfig
 from pivot_assets.policies.factory import build_backend
 from pivot_assets.policies.openai_backend import OpenAIBackend
+from tests.model_server import transformers_serve
 
 pytestmark = pytest.mark.slow
-TRANSFORMERS_CLI = Path(sys.executable).parent / "transformers"
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                                                           "required": ["city"]}}}]
@@ -38,54 +32,11 @@ STATE = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(url: str, timeout: float = 2.0) -> int:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return resp.status
-
-
 @pytest.fixture(scope="module")
 def served(embedded_model_dir, tmp_path_factory):
     """(base_url, model name, startup seconds) of a `transformers serve` process on a free 127.0.0.1 port."""
-    pytest.importorskip("fastapi", reason="transformers serve needs the serving extra: pip install 'transformers[serving]'")
-    pytest.importorskip("uvicorn", reason="transformers serve needs the serving extra: pip install 'transformers[serving]'")
-    if not TRANSFORMERS_CLI.exists():
-        pytest.skip(f"no transformers CLI at {TRANSFORMERS_CLI}")
-    port = _free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    t0 = time.perf_counter()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([str(TRANSFORMERS_CLI), "serve", str(embedded_model_dir), "--host", "127.0.0.1",
-                                 "--port", str(port), "--device", "cpu", "--dtype", "float32"],
-                                stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"transformers serve exited with {proc.returncode}: {log.read_text()[-2000:]}")
-            try:
-                if _get(f"http://127.0.0.1:{port}/health") == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"transformers serve not healthy after 180 s: {log.read_text()[-2000:]}")
-            time.sleep(0.5)
-        startup = time.perf_counter() - t0
-        yield f"http://127.0.0.1:{port}/v1", str(embedded_model_dir), startup
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with transformers_serve(embedded_model_dir, tmp_path_factory.mktemp("serve") / "serve.log") as server:
+        yield server.base_url, server.model, server.startup_s
 
 
 def _requests(n: int) -> list[GenerationRequest]:
