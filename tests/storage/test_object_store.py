@@ -17,7 +17,7 @@ from pivot_assets.core.warehouse import S3Settings, Warehouse, connect_for
 
 from tests.crashes import fail_mid_table_write, kill_mid_table_write
 
-from .conftest import ACCESS_KEY, SECRET_KEY
+from tests.s3_store import ACCESS_KEY, SECRET_KEY
 
 
 def s3_warehouse(tmp_path, uri: str) -> Warehouse:
