@@ -3,8 +3,9 @@ shard runs that submit Ray jobs through dagster-ray's PipesRayJobClient, the emb
 
 Covers: 4 shards profiled through Ray (two shard runs in flight at once) give exactly turns x K rows with no
 duplicate key; a verifier change re-scores every shard without generating; the pivot sets read every shard;
-kill -9 of a shard's Ray job mid-write, then a rerun, gives exactly turns x K; a job that reports no data version
-fails its run.
+kill -9 of a shard's Ray job mid-write, then a rerun, gives exactly turns x K; kill -9 of `pivot run` itself
+leaves no process of it and no Ray job running, and a rerun gives exactly turns x K; a job that reports no data
+version fails its run.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import dagster as dg
 import duckdb
@@ -21,6 +23,7 @@ import pytest
 
 from pivot_assets.cli import main as pivot
 from pivot_assets.profiling.shards import shard_of
+from tests.crashes import kill_parent_mid_run, still_alive
 
 from .conftest import (INGEST, K, PROFILING, expected_rows, make_project, materializations, project_warehouse,
                        rollout_rows)
@@ -161,6 +164,41 @@ def test_kill_9_of_a_shard_job_mid_write_then_rerun(tmp_path, ray_head, in_proje
     assert not list((root / "wh" / "rollouts").rglob(".tmp-*"))
     meta = materializations("rollouts")[0].asset_materialization.metadata
     assert meta["rollouts_generated"].value == expected[shard] - partial  # only the missing sample keys
+
+
+# -- kill -9 of `pivot run` itself mid-run: its children die with it ----------------------------------------------
+def _unfinished_jobs(dashboard: str, warehouse: str) -> list[str]:
+    from ray.job_submission import JobSubmissionClient
+
+    return [j.submission_id for j in JobSubmissionClient(dashboard).list_jobs()
+            if (j.metadata or {}).get("pivot_warehouse") == warehouse and not j.status.is_terminal()]
+
+
+def test_kill_9_of_pivot_run_leaves_no_process_and_a_rerun_completes(tmp_path, ray_head):
+    limit = 12
+    root = make_project(tmp_path / "parent", ray_head, shards=2, limit_turns=limit, batch_rows=2, max_new_tokens=16)
+    env = {**os.environ, "DAGSTER_HOME": str(root / "dagster_home")}
+    env.pop("PIVOT_CONFIG", None)
+    argv = [str(Path(sys.executable).parent / "pivot"), "run", "--select", f"{INGEST},{PROFILING}"]
+    wh = project_warehouse(root)
+    children = kill_parent_mid_run(argv, lambda: rollout_rows(wh)[0] > 0, cwd=root, env=env)
+    written = rollout_rows(wh)[0]
+    assert 0 < written < limit * K, "the run finished before it could be killed: make the test input larger"
+    assert len(children) >= 3, children  # the worker and both shard runs (max_shard_runs: 2)
+    t0 = time.perf_counter()
+    assert still_alive(children, within_s=10) == []  # every descendant went with the parent
+    print(f"kill -9 of `pivot run` with {written} rows written: its {len(children)} descendants gone in "
+          f"{time.perf_counter() - t0:.1f} s")
+    deadline = time.time() + 10
+    while _unfinished_jobs(ray_head.dashboard, str(wh.root)) and time.time() < deadline:
+        time.sleep(0.5)
+    assert _unfinished_jobs(ray_head.dashboard, str(wh.root)) == []  # the shard runs stopped their Ray jobs
+
+    rerun = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    for shard, n in expected_rows(wh, 2, limit).items():
+        assert rollout_rows(wh, shard) == (n, n), shard
+    assert rollout_rows(wh) == (limit * K, limit * K)  # exactly turns x K, no duplicate sample key
 
 
 # -- a job that reports no data version fails its run --------------------------------------------------------------
