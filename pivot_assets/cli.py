@@ -18,8 +18,12 @@ from pathlib import Path
 
 SUPERVISED = "PIVOT_SUPERVISED"  # set in the child that does the work of `pivot run`
 RUN_ID = "PIVOT_RUN_ID"  # the Dagster run id the supervisor chose for that child
+PARENT_PID = "PIVOT_PARENT_PID"  # set in a child of `pivot run` (the worker, a shard run): it dies with that parent
 # After SIGTERM, how long the child may take to stop cleanly before SIGKILL ($PIVOT_STOP_GRACE_S overrides).
 STOP_GRACE_S = float(os.environ.get("PIVOT_STOP_GRACE_S", "3"))
+# A child whose parent died stops cleanly on SIGTERM; one still alive this long after is SIGKILLed (long enough
+# for the worker to stop its own shard runs first, each within STOP_GRACE_S).
+ORPHAN_GRACE_S = 2 * STOP_GRACE_S + 2
 
 
 def _config(args):
@@ -151,8 +155,9 @@ def _shard_runs(args, cfg, shards: dict) -> list[str]:
     in_flight = cfg.scale.max_shard_runs if cfg.scale.engine == "ray" else 1
     env = {k: v for k, v in os.environ.items() if k != RUN_ID}
     env[SUPERVISED] = "1"  # SIGTERM stops a shard run cleanly (Dagster records it as failed)
+    env[PARENT_PID] = str(os.getpid())  # a shard run dies with this process, even on kill -9
     pending = list(shards.items())
-    running: dict[str, subprocess.Popen] = {}
+    running: dict[str, tuple[subprocess.Popen, str]] = {}
     failed: list[str] = []
     try:
         while pending or running:
@@ -160,23 +165,42 @@ def _shard_runs(args, cfg, shards: dict) -> list[str]:
                 key, keys = pending.pop(0)
                 argv = ["run", "--in-process", "--shard", key, "--select", ",".join(k.to_user_string() for k in keys)]
                 argv += ["--config", args.config] if args.config else []
-                running[key] = subprocess.Popen([sys.executable, "-m", "pivot_assets.cli", *argv], env=env)
-            for key, proc in list(running.items()):
+                run_id = str(uuid.uuid4())
+                proc = subprocess.Popen([sys.executable, "-m", "pivot_assets.cli", *argv], env={**env, RUN_ID: run_id})
+                running[key] = (proc, run_id)
+            for key, (proc, _) in list(running.items()):
                 if proc.poll() is not None:
                     del running[key]
                     if proc.returncode != 0:
                         failed.append(key)
             time.sleep(0.2)
     finally:  # interrupted: stop the shard runs still going (each keeps the parts it wrote)
-        for proc in running.values():
-            proc.terminate()
-        for proc in running.values():
-            try:
-                proc.wait(STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        _stop_shard_runs(list(running.values()))
     return sorted(failed)
+
+
+def _stop_shard_runs(runs: list[tuple[subprocess.Popen, str]]) -> None:
+    """SIGTERM every shard run (each stops its Ray job, Dagster marks its run failed), SIGKILL those still going
+    after STOP_GRACE_S, and mark their Dagster runs canceled (a run left STARTED would block its shard)."""
+    for proc, _ in runs:
+        proc.terminate()
+    deadline = time.monotonic() + STOP_GRACE_S
+    killed = []
+    for proc, run_id in runs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            killed.append(run_id)
+    for run_id in killed:
+        try:
+            from pivot_assets.runner import cancel_run
+
+            cancel_run(run_id, "its `pivot run` was interrupted and the shard run killed")
+        except Exception as e:  # best effort: the interrupt itself must still be reported
+            print(f"warning: could not mark shard run {run_id} canceled: {str(e).splitlines()[0] if str(e) else e!r}",
+                  file=sys.stderr)
 
 
 ABLATION_SELECTION = "*ablation_results"  # what ablation_job runs: the ablation and everything upstream
@@ -322,7 +346,7 @@ def _raise_interrupt(signum, frame):
 
 def supervise(argv: list[str]) -> int:
     run_id = str(uuid.uuid4())
-    env = {**os.environ, SUPERVISED: "1", RUN_ID: run_id}
+    env = {**os.environ, SUPERVISED: "1", RUN_ID: run_id, PARENT_PID: str(os.getpid())}
     child = subprocess.Popen([sys.executable, "-m", "pivot_assets.cli", *argv], env=env)
     stop = {"signal": None}
 
@@ -380,12 +404,23 @@ def entry() -> int:
     return main(argv)
 
 
+def _die_with_parent() -> None:
+    """In a child of `pivot run` (the worker, a shard run): SIGTERM (a clean stop) when that parent dies, SIGKILL
+    ORPHAN_GRACE_S later if still alive. Read once, so this process's own children get their own parent pid."""
+    parent = os.environ.pop(PARENT_PID, None)
+    if parent:
+        from pivot_assets.core.parallel import die_with_parent
+
+        die_with_parent(int(parent), signal.SIGTERM, grace_s=ORPHAN_GRACE_S)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one verb in this process (what tests and the supervised child call)."""
     args = build_parser().parse_args(argv)
     if os.environ.get(SUPERVISED) == "1":
         signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
+        _die_with_parent()
         return args.fn(args)
     except KeyboardInterrupt:
         if os.environ.get(SUPERVISED) != "1":  # supervised: the supervisor reports it, once

@@ -27,6 +27,8 @@ except ImportError:  # torch-free test runs still work
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+# the S3 store (SeaweedFS) fixtures, shared by the storage and the scale tests
+pytest_plugins = ["tests.s3_store"]
 
 
 @pytest.fixture(scope="session")

@@ -49,3 +49,35 @@ def kill_run_after_first_part(argv: list[str], has_part: Callable[[], bool], *, 
     except ProcessLookupError:
         pass  # it had already finished: the caller's assertion says so
     proc.wait()
+
+
+def kill_parent_mid_run(argv: list[str], ready: Callable[[], bool], *, cwd=None, env: dict | None = None,
+                        timeout_s: float = 300) -> list:
+    """Start `pivot run ...` (argv) in its own session and, once `ready()` says the run is under way, kill -9 the
+    parent process ONLY: its children (the worker, shard runs) get no signal from us and must notice by themselves.
+    Returns the psutil.Process of every descendant alive at the kill (empty if the run ended first)."""
+    import psutil
+
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and not ready() and proc.poll() is None:
+        time.sleep(0.2)
+    descendants = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return descendants
+
+
+def still_alive(processes: list, within_s: float) -> list:
+    """The processes still alive `within_s` seconds from now (each killed after the wait, so a failing test leaves
+    none behind: they were started by the test's own `pivot run`)."""
+    import psutil
+
+    _, alive = psutil.wait_procs(processes, timeout=within_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    return alive

@@ -8,15 +8,19 @@ EVAL_MEMORY_GIB per evaluation job, which only samples).
 
 Workers are spawned (no fork of a process holding torch or DuckDB state), die with their parent (Linux
 PR_SET_PDEATHSIG, so a `kill -9` of `pivot run` leaves no orphan training on), and are terminated when the
-parent is interrupted. A job's log lines go to stderr with its name, and its exception reaches the caller.
+parent is interrupted; `pivot run`'s own children use die_with_parent (a clean stop first, then SIGKILL). A job's
+log lines go to stderr with its name, and its exception reaches the caller.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing
+import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -52,15 +56,42 @@ def resolve_workers(requested: int | str = "auto", threads: int | str = "auto", 
     return max(1, min(n, jobs)) if jobs else max(1, n)
 
 
-def _die_with_parent() -> None:
-    """Worker initializer: SIGKILL this process when its parent dies (Linux only; elsewhere a no-op)."""
+def _set_parent_death_signal(signum: int) -> None:
+    """Linux PR_SET_PDEATHSIG: the kernel sends `signum` to this process when its parent dies (elsewhere a no-op)."""
     if sys.platform.startswith("linux"):
         import ctypes
 
         try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signum)  # 1 = PR_SET_PDEATHSIG
         except OSError:
             pass
+
+
+def die_with_parent(parent_pid: int, signum: int = signal.SIGTERM, grace_s: float | None = None) -> None:
+    """This process gets `signum` when `parent_pid`, its parent, dies (at once if it is already gone), so a
+    `kill -9` of the parent leaves no child working on. With `grace_s`, a watchdog thread SIGKILLs it when it is
+    still alive that long after the parent went: a process inside a long C call (a torch op) runs no Python
+    signal handler until the call returns. Linux only (prctl); elsewhere a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    _set_parent_death_signal(signum)
+    if grace_s is not None:
+        threading.Thread(target=_kill_when_orphaned, args=(parent_pid, grace_s), daemon=True,
+                         name="die-with-parent").start()
+    if os.getppid() != parent_pid:  # it died before the prctl: no signal will come
+        os.kill(os.getpid(), signum)
+
+
+def _kill_when_orphaned(parent_pid: int, grace_s: float) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(0.2)
+    time.sleep(grace_s)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _die_with_parent() -> None:
+    """Worker initializer: SIGKILL this process when its parent dies (Linux only; elsewhere a no-op)."""
+    _set_parent_death_signal(signal.SIGKILL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; a Ctrl-C reaches the whole group
 
 

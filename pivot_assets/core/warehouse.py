@@ -50,6 +50,7 @@ LOCK_WAIT_S = 60.0
 
 
 _KEY = re.compile(r"^[A-Za-z0-9_.=-]+$")
+_FILE = re.compile(r"^[a-z_][a-z0-9_]*\.json$")
 
 
 def _check_key(key: str) -> str:
@@ -272,6 +273,10 @@ class ObjectPath:
         mtime = info.mtime.timestamp() if info.mtime else 0.0
         return os.stat_result((0, 0, 0, 1, 0, 0, info.size or 0, mtime, mtime, mtime))
 
+    def read_text(self, encoding: str = "utf-8") -> str:
+        with self.fs.open_input_stream(self.key) as f:
+            return f.read().decode(encoding)
+
     def etag(self) -> str:
         """The store's content tag (an MD5 for one-part uploads, a deterministic digest of part MD5s otherwise);
         size and modification time where a store gives none."""
@@ -342,6 +347,20 @@ class Warehouse:
                     len(rel) == 1 or (len(rel) == 2 and rel[0].startswith("shard="))):
                 parts.append(ObjectPath(d.fs, info.path))
         return sorted(parts)
+
+    def file_path(self, filename: str) -> TablePath:
+        """A small record beside the tables (e.g. profiling_layout.json), where every machine that reads or
+        writes the tables sees it: the warehouse dir, or the object store (never a node's local state dir)."""
+        if not _FILE.match(filename):
+            raise ValueError(f"invalid warehouse file name {filename!r}")
+        return self._base / filename
+
+    def write_text(self, filename: str, text: str) -> TablePath:
+        """Replace a record beside the tables atomically (temp file and rename, or one whole object)."""
+        final = self.file_path(filename)
+        with self.atomic_path(final) as tmp:
+            tmp.write_text(text, encoding="utf-8")
+        return final
 
     def model_dir(self, name: str) -> Path:
         """Where a trained policy (an HF model dir) of this warehouse lives: models/<name> (local state)."""

@@ -19,7 +19,9 @@ from pivot_assets.verifiers import DomainVerifiers
 
 from .profiler import SFT_MODEL, Profiler, policy_version, seeding_of
 from .ray_job import ENTRYPOINT as RAY_ENTRYPOINT
+from .ray_job import job_metadata as ray_job_metadata
 from .ray_job import runtime_env as ray_runtime_env
+from .ray_job import stop_earlier_jobs
 from .shards import parse_shard, partition_keys, shard_data_version, shard_row_count
 
 GROUP = __package__.rsplit(".", 1)[-1]
@@ -121,11 +123,12 @@ def generate_on_ray(context: dg.AssetExecutionContext, cfg: PivotConfig, shard: 
     reported none (implicit materializations): this asks for reported results only and fails without one."""
     from dagster_ray import PipesRayJobClient
 
-    client = PipesRayJobClient(address=cfg.scale.ray_address, poll_interval=0.5)
+    metadata = ray_job_metadata(cfg, shard)
+    stop_earlier_jobs(cfg.scale.ray_address, metadata, log=context.log.warning)
+    client = PipesRayJobClient(address=cfg.scale.ray_address, poll_interval=0.5)  # stops its job if interrupted
     invocation = client.run(
         context=context,
-        submit_job_params={"entrypoint": RAY_ENTRYPOINT, "runtime_env": ray_runtime_env(cfg),
-                           "metadata": {"pivot_shard": str(shard)}},
+        submit_job_params={"entrypoint": RAY_ENTRYPOINT, "runtime_env": ray_runtime_env(cfg), "metadata": metadata},
         extras={"config": cfg.model_dump(mode="json"), "shard": shard},
     )
     reported = [r for r in invocation.get_results(implicit_materializations=False)

@@ -34,6 +34,39 @@ FORWARDED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"
                  "PIVOT_TORCH_THREADS", "TOKENIZERS_PARALLELISM")
 
 
+def job_metadata(cfg: PivotConfig, shard: int | None) -> dict[str, str]:
+    """What marks a shard's Ray job: the shard and the warehouse (its s3:// URI or its dir; never a credential)."""
+    where = cfg.warehouse if cfg.warehouse.startswith("s3://") else str(cfg.warehouse_dir)
+    return {"pivot_shard": str(shard), "pivot_warehouse": where}
+
+
+def stop_earlier_jobs(address: str | None, metadata: dict[str, str], log=print, timeout_s: float = 120) -> list[str]:
+    """Stop the jobs of this shard still running from an earlier run, and wait until they have stopped.
+
+    A shard run stops its job when it is interrupted, but a SIGKILL (of it, or of everything) gives it no chance:
+    the job would go on writing while the rerun's job writes the same rows batched otherwise (other part names,
+    so duplicate keys). Only one Dagster run of a shard is in flight at a time, so any such job is an orphan."""
+    from ray.job_submission import JobSubmissionClient
+
+    client = JobSubmissionClient(address)
+
+    def earlier() -> list[str]:
+        return [j.submission_id for j in client.list_jobs() if not j.status.is_terminal()
+                and all((j.metadata or {}).get(k) == v for k, v in metadata.items())]
+
+    orphans = earlier()
+    for job_id in orphans:
+        log(f"stopping Ray job {job_id}, left running by an earlier run of shard {metadata['pivot_shard']}")
+        client.stop_job(job_id)
+    deadline = time.monotonic() + timeout_s
+    while orphans and earlier():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"Ray job(s) {', '.join(earlier())} of shard {metadata['pivot_shard']} did not stop "
+                               f"within {timeout_s:.0f} s (`ray job stop`), so the shard cannot be rerun yet")
+        time.sleep(0.5)
+    return orphans
+
+
 def runtime_env(cfg: PivotConfig) -> dict:
     """The job's runtime_env: the configured one plus the forwarded environment variables."""
     env = dict(cfg.scale.ray_runtime_env or {})

@@ -6,14 +6,14 @@ nothing is sharded and the tables keep the single-process layout (<table>/part-*
 
 The shard count is part of the layout: rows generated under S shards sit in the folders S chose, and another S
 would put the same trajectory in another folder (a rerun would then generate it twice). The first profiling run
-records S in the warehouse (`profiling_layout.json`); a later run under another S stops with a one-line error.
+records S beside the tables (`profiling_layout.json`: in the warehouse dir, or on the object store, where a shard
+job on any node sees it); a later run under another S stops with a one-line error.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import uuid
 from collections.abc import Iterable
 
 
@@ -100,21 +100,20 @@ def part_key(*fields: str, rows: Iterable[str]) -> str:
 
 def check_layout(wh: Warehouse, shards: int) -> None:
     """Record the shard count on the first profiling run; refuse another count later (see module doc)."""
-    path = wh.root / LAYOUT_FILE
+    path = wh.file_path(LAYOUT_FILE)  # beside the tables: shard jobs on other nodes check the same record
     if path.exists():
         recorded = json.loads(path.read_text(encoding="utf-8"))["shards"]
         if recorded != shards:
             raise ValueError(
-                f"scale.shards is {shards} but the warehouse {wh.root} was profiled with shards: {recorded}; "
-                f"set shards: {recorded} again, or use a new warehouse dir for {shards} shards")
+                f"scale.shards is {shards} but the warehouse {wh.tables_uri} was profiled with shards: {recorded}; "
+                f"set shards: {recorded} again, or use a new warehouse for {shards} shards")
         return
-    if any(wh.part_files(name) for name in SHARDED_TABLES) or wh.table_path("turn_profiles").exists():
+    parts = [p for name in SHARDED_TABLES for p in wh.part_files(name)]
+    if parts or wh.table_path("turn_profiles").exists():
         # rows from before the layout was recorded: sharded folders, or the single-process layout (shards 1)
-        sharded = any(any(wh.parts_dir(n).glob("shard=*")) for n in SHARDED_TABLES)
+        sharded = any(p.parent.name.startswith("shard=") for p in parts)
         if sharded or shards != 1:
             found = "sharded rows of an unrecorded shard count" if sharded else "rows profiled with shards: 1"
-            raise ValueError(f"scale.shards is {shards} but the warehouse {wh.root} holds {found}; "
-                             "use a new warehouse dir (or the shard count it was profiled with)")
-    tmp = path.with_name(f".tmp-{LAYOUT_FILE}-{uuid.uuid4().hex[:8]}")  # shard runs may record it at once
-    tmp.write_text(json.dumps({"shards": shards}), encoding="utf-8")
-    tmp.replace(path)
+            raise ValueError(f"scale.shards is {shards} but the warehouse {wh.tables_uri} holds {found}; "
+                             "use a new warehouse (or the shard count it was profiled with)")
+    wh.write_text(LAYOUT_FILE, json.dumps({"shards": shards}))  # atomic: shard runs may record it at once

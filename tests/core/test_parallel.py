@@ -89,3 +89,39 @@ def _alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+@pytest.mark.parametrize("stuck", [False, True])
+def test_a_child_of_pivot_run_stops_when_its_parent_dies(tmp_path, stuck):
+    """die_with_parent: SIGTERM (a clean stop: here it writes a file) when the parent is killed; a child that
+    does not act on SIGTERM (stuck in a C call) is SIGKILLed grace_s later by the watchdog."""
+    child_script = textwrap.dedent(f"""
+        import os, signal, sys, time
+        from pivot_assets.core.parallel import die_with_parent
+
+        def stop(signum, frame):
+            open({str(tmp_path / "stopped")!r}, "w").close()
+            sys.exit(0)
+
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if {stuck} else stop)
+        die_with_parent(int(sys.argv[1]), signal.SIGTERM, grace_s=1.0)
+        print(os.getpid(), flush=True)
+        time.sleep(120)
+    """)
+    (tmp_path / "child.py").write_text(child_script)
+    parent_script = ("import os, subprocess, sys, time\n"
+                     f"subprocess.Popen([sys.executable, {str(tmp_path / 'child.py')!r}, str(os.getpid())])\n"
+                     "time.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", parent_script], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": os.getcwd()})
+    child = int(parent.stdout.readline())
+    time.sleep(0.5)
+    assert _alive(child)  # alive while its parent lives
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline and _alive(child):
+        time.sleep(0.1)
+    assert not _alive(child)
+    assert (tmp_path / "stopped").exists() != stuck  # stopped cleanly, or killed by the watchdog

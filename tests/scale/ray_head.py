@@ -73,11 +73,13 @@ class RayHead:
         self.proc.wait()
 
 
-def start_ray_head(num_cpus: int = 2, timeout: float = 180) -> RayHead:
+def start_ray_head(num_cpus: int = 2, timeout: float = 180, env: dict[str, str] | None = None) -> RayHead:
+    """`env`: added to the head's environment, which every Ray worker and job driver on it inherits (a job's
+    runtime_env, by contrast, is visible to anyone who can list the cluster's jobs)."""
     gcs, dash, client, mgr, obj, agent_listen, agent_grpc, metrics, rtenv = free_ports(9)
     workers = free_port_range(40)
     temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
-    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**os.environ, **(env or {}), "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", "RAY_USAGE_STATS_ENABLED": "0"}
     cmd = [str(VENV_BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
            f"--port={gcs}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--include-dashboard=true",
            f"--ray-client-server-port={client}", f"--node-manager-port={mgr}", f"--object-manager-port={obj}",

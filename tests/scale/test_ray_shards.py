@@ -3,8 +3,9 @@ shard runs that submit Ray jobs through dagster-ray's PipesRayJobClient, the emb
 
 Covers: 4 shards profiled through Ray (two shard runs in flight at once) give exactly turns x K rows with no
 duplicate key; a verifier change re-scores every shard without generating; the pivot sets read every shard;
-kill -9 of a shard's Ray job mid-write, then a rerun, gives exactly turns x K; a job that reports no data version
-fails its run.
+kill -9 of a shard's Ray job mid-write, then a rerun, gives exactly turns x K; kill -9 of `pivot run` itself
+leaves no process of it and no Ray job running, and a rerun gives exactly turns x K; a job that reports no data
+version fails its run.
 """
 
 from __future__ import annotations
@@ -21,72 +22,14 @@ import duckdb
 import pytest
 
 from pivot_assets.cli import main as pivot
-from pivot_assets.profiling.shards import read_sql, shard_of
+from pivot_assets.profiling.shards import shard_of
+from tests.crashes import kill_parent_mid_run, still_alive
 
-from .ray_head import start_ray_head
+from .conftest import (INGEST, K, PROFILING, expected_rows, make_project, materializations, project_warehouse,
+                       rollout_rows)
 
 pytestmark = pytest.mark.slow
-K = 2
 SHARDS = 4
-INGEST = "trajectories,turns"
-PROFILING = "rollouts,rollout_rewards,turn_profiles"
-
-
-@pytest.fixture(scope="module")
-def ray_head(request):
-    head = start_ray_head(num_cpus=2)
-    request.addfinalizer(head.stop)
-    print(f"ray head up in {head.start_s:.1f} s at {head.dashboard}")
-    return head
-
-
-def make_project(root: Path, ray_head, *, shards: int, limit_turns: int, batch_rows: int, max_new_tokens: int = 8,
-                 verifier: str = "tool_call") -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "pivot.yaml").write_text(f"""warehouse: ./wh
-sample: {{n_trajectories: 8, seed: 3}}
-policy: {{model: embedded, k: {K}, max_new_tokens: {max_new_tokens}, limit_turns: {limit_turns}, batch_size: 8}}
-verifier: {{default: {{name: {verifier}}}}}
-runtime: {{threads: 1}}
-scale: {{shards: {shards}, engine: ray, ray_address: "{ray_head.dashboard}", ray_batch_rows: {batch_rows}, max_shard_runs: 2}}
-""")
-    return root
-
-
-@pytest.fixture
-def in_project(monkeypatch):
-    def enter(root: Path) -> Path:
-        (root / "dagster_home").mkdir(exist_ok=True)
-        monkeypatch.setenv("DAGSTER_HOME", str(root / "dagster_home"))
-        monkeypatch.delenv("PIVOT_CONFIG", raising=False)
-        monkeypatch.chdir(root)
-        return root
-    return enter
-
-
-def expected_rows(root: Path, shards: int, limit_turns: int) -> dict[int, int]:
-    """turns x K per shard, from the turns table and the shard function (not from what was written)."""
-    rows = duckdb.sql(f"select turn_id, trajectory_id from read_parquet('{root}/wh/turns.parquet') "
-                      f"order by turn_id limit {limit_turns}").fetchall()
-    out = {s: 0 for s in range(shards)}
-    for _, trajectory in rows:
-        out[shard_of(trajectory, shards)] += K
-    return out
-
-
-def rollout_rows(root: Path, shard: int | None = None) -> tuple[int, int]:
-    """(rows, distinct sample keys) of the rollouts, all shards or one."""
-    from pivot_assets.core.warehouse import Warehouse
-
-    wh = Warehouse(root / "wh")
-    if not wh.part_files("rollouts", shard):
-        return 0, 0
-    return duckdb.sql(f"select count(*), count(distinct (turn_id, policy_fp, sampling_fp, sample_index)) "
-                      f"from {read_sql(wh, 'rollouts', shard)}").fetchone()
-
-
-def materializations(asset: str) -> list:
-    return dg.DagsterInstance.get().fetch_materializations(dg.AssetKey(asset), limit=1000).records
 
 
 # -- 4 shards through Ray, then a verifier change, then the pivot sets ------------------------------------------
@@ -110,11 +53,11 @@ def profiled(tmp_path_factory, ray_head):
 
 def test_four_shards_through_ray_give_exactly_turns_x_k(profiled, in_project):
     root = in_project(profiled)
-    expected = expected_rows(root, SHARDS, LIMIT)
+    expected = expected_rows(project_warehouse(root), SHARDS, LIMIT)
     assert sum(expected.values()) == LIMIT * K and all(expected.values()), expected  # every shard has turns
     for shard, n in expected.items():
-        assert rollout_rows(root, shard) == (n, n), shard
-    assert rollout_rows(root) == (LIMIT * K, LIMIT * K)
+        assert rollout_rows(project_warehouse(root), shard) == (n, n), shard
+    assert rollout_rows(project_warehouse(root)) == (LIMIT * K, LIMIT * K)
 
     # one run per shard, each a Ray job with a data version; two of them were in flight at once
     records = materializations("rollouts")
@@ -195,7 +138,7 @@ def test_kill_9_of_a_shard_job_mid_write_then_rerun(tmp_path, ray_head, in_proje
     root = in_project(make_project(tmp_path / "kill", ray_head, shards=2, limit_turns=limit, batch_rows=2,
                                    max_new_tokens=16))
     assert pivot(["run", "--select", INGEST]) == 0
-    expected = expected_rows(root, 2, limit)
+    expected = expected_rows(project_warehouse(root), 2, limit)
     shard = max(expected, key=expected.get)  # the bigger shard: more parts to kill between
     argv = [sys.executable, "-m", "pivot_assets.cli", "run", "--in-process", "--shard", f"{shard:03d}",
             "--select", "rollouts"]
@@ -203,7 +146,7 @@ def test_kill_9_of_a_shard_job_mid_write_then_rerun(tmp_path, ray_head, in_proje
     killed, deadline = None, time.time() + 420
     while time.time() < deadline and proc.poll() is None:
         job = _running_job(ray_head.dashboard, shard)
-        rows = rollout_rows(root, shard)[0]
+        rows = rollout_rows(project_warehouse(root), shard)[0]
         if job is not None and job.driver_info is not None and 0 < rows < expected[shard]:
             os.kill(int(job.driver_info.pid), signal.SIGKILL)  # the shard job's driver, by its pid
             killed = rows
@@ -211,15 +154,51 @@ def test_kill_9_of_a_shard_job_mid_write_then_rerun(tmp_path, ray_head, in_proje
         time.sleep(0.2)
     assert killed is not None, "the job finished (or never wrote) before it could be killed mid-write"
     assert proc.wait(180) != 0  # the Dagster run fails with its Ray job
-    partial, distinct = rollout_rows(root, shard)
+    partial, distinct = rollout_rows(project_warehouse(root), shard)
     assert 0 < partial < expected[shard] and partial == distinct
 
     rerun = subprocess.run(argv, env={**os.environ, "PIVOT_SUPERVISED": "1"}, timeout=420)
     assert rerun.returncode == 0
-    assert rollout_rows(root, shard) == (expected[shard], expected[shard])  # exactly turns x K, no duplicate key
+    wh = project_warehouse(root)
+    assert rollout_rows(wh, shard) == (expected[shard], expected[shard])  # exactly turns x K, no duplicate key
     assert not list((root / "wh" / "rollouts").rglob(".tmp-*"))
     meta = materializations("rollouts")[0].asset_materialization.metadata
     assert meta["rollouts_generated"].value == expected[shard] - partial  # only the missing sample keys
+
+
+# -- kill -9 of `pivot run` itself mid-run: its children die with it ----------------------------------------------
+def _unfinished_jobs(dashboard: str, warehouse: str) -> list[str]:
+    from ray.job_submission import JobSubmissionClient
+
+    return [j.submission_id for j in JobSubmissionClient(dashboard).list_jobs()
+            if (j.metadata or {}).get("pivot_warehouse") == warehouse and not j.status.is_terminal()]
+
+
+def test_kill_9_of_pivot_run_leaves_no_process_and_a_rerun_completes(tmp_path, ray_head):
+    limit = 12
+    root = make_project(tmp_path / "parent", ray_head, shards=2, limit_turns=limit, batch_rows=2, max_new_tokens=16)
+    env = {**os.environ, "DAGSTER_HOME": str(root / "dagster_home")}
+    env.pop("PIVOT_CONFIG", None)
+    argv = [str(Path(sys.executable).parent / "pivot"), "run", "--select", f"{INGEST},{PROFILING}"]
+    wh = project_warehouse(root)
+    children = kill_parent_mid_run(argv, lambda: rollout_rows(wh)[0] > 0, cwd=root, env=env)
+    written = rollout_rows(wh)[0]
+    assert 0 < written < limit * K, "the run finished before it could be killed: make the test input larger"
+    assert len(children) >= 3, children  # the worker and both shard runs (max_shard_runs: 2)
+    t0 = time.perf_counter()
+    assert still_alive(children, within_s=10) == []  # every descendant went with the parent
+    print(f"kill -9 of `pivot run` with {written} rows written: its {len(children)} descendants gone in "
+          f"{time.perf_counter() - t0:.1f} s")
+    deadline = time.time() + 10
+    while _unfinished_jobs(ray_head.dashboard, str(wh.root)) and time.time() < deadline:
+        time.sleep(0.5)
+    assert _unfinished_jobs(ray_head.dashboard, str(wh.root)) == []  # the shard runs stopped their Ray jobs
+
+    rerun = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    for shard, n in expected_rows(wh, 2, limit).items():
+        assert rollout_rows(wh, shard) == (n, n), shard
+    assert rollout_rows(wh) == (limit * K, limit * K)  # exactly turns x K, no duplicate sample key
 
 
 # -- a job that reports no data version fails its run --------------------------------------------------------------

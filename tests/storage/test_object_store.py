@@ -17,10 +17,11 @@ from pivot_assets.core.warehouse import S3Settings, Warehouse, connect_for
 
 from tests.crashes import fail_mid_table_write, kill_mid_table_write
 
-from .conftest import ACCESS_KEY, SECRET_KEY
+from tests.s3_store import ACCESS_KEY, SECRET_KEY
 
 
 def s3_warehouse(tmp_path, uri: str) -> Warehouse:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "pivot.yaml").write_text(f"warehouse: {uri}\n")
     return Warehouse(load_config(tmp_path / "pivot.yaml").warehouse_dir)
 
@@ -147,3 +148,20 @@ def test_table_paths_open_in_pyarrow_and_duckdb_as_uris(tmp_path, s3_env):
     assert duckdb.sql(f"select sum(n) from read_parquet('{path}')").fetchone()[0] == 3
     with wh.duck() as con:
         assert con.sql(f"select count(*) from read_parquet('{wh.source_glob('trajectories')}')").fetchone()[0] == 2
+
+
+def test_the_shard_layout_is_recorded_on_the_store_for_every_machine(tmp_path, s3_env):
+    """A shard job on another node has its own local state dir: the shard count it checks against must be the
+    one recorded beside the tables, not in a local file."""
+    from pivot_assets.profiling.shards import check_layout
+
+    here = s3_warehouse(tmp_path / "dagster-box", s3_env)
+    check_layout(here, 4)
+    here.append_part("rollouts", pa.table({"k": [1]}), shard=2, key="batch")
+    elsewhere = s3_warehouse(tmp_path / "ray-node", s3_env)  # same tables, a fresh state dir
+    check_layout(elsewhere, 4)
+    with pytest.raises(ValueError, match="was profiled with shards: 4"):
+        check_layout(elsewhere, 8)
+    assert not list((tmp_path / "ray-node").rglob("profiling_layout.json"))
+    assert str(here.file_path("profiling_layout.json")) == f"{s3_env}/profiling_layout.json"
+    assert here.file_path("profiling_layout.json").exists()

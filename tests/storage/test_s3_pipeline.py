@@ -20,7 +20,7 @@ from pivot_assets.core.config import load_config
 from pivot_assets.core.warehouse import Warehouse
 from tests.crashes import kill_run_after_first_part
 
-from .conftest import ACCESS_KEY, SECRET_KEY
+from tests.s3_store import assert_no_credentials
 
 pytestmark = pytest.mark.slow
 VENV_BIN = Path(sys.executable).parent
@@ -86,17 +86,6 @@ def rollout_keys(wh: Warehouse) -> list[tuple]:
     if not wh.part_files("rollouts"):
         return []
     return wh.read("rollouts", ROLLOUT_KEY).rows()
-
-
-def assert_no_credentials(*roots: Path, texts: list[str]) -> None:
-    secrets = (ACCESS_KEY, SECRET_KEY)
-    for text in texts:
-        assert not any(s in text for s in secrets), "a credential was printed"
-    for root in roots:
-        for f in root.rglob("*"):
-            if f.is_file():
-                data = f.read_bytes()
-                assert not any(s.encode() in data for s in secrets), f"a credential is in {f}"
 
 
 def test_s3_warehouse_matches_local_and_reruns_from_cache(tmp_path, s3_env, embedded_model_dir):
