@@ -9,7 +9,7 @@ from pivot_assets.core.config import ConfigError, PivotConfig
 from pivot_assets.core.ids import canonical_json, short_hash
 from pivot_assets.core.warehouse import Warehouse
 
-from .formats import expand_paths, load_tools_file, with_default_tools
+from .formats import load_tools_file
 
 INGEST_VERSION = "2"  # 2: streaming ingest, conversation_id
 
@@ -37,27 +37,6 @@ def _tools_path(cfg: PivotConfig, index: int, tools: str | None) -> str | None:
     except ValueError as exc:
         raise ConfigError(f"inputs.{index}.tools: {exc}") from None
     return str(path)
-
-
-def tools_by_source(inputs: list[dict]) -> dict[str, list[dict]]:
-    """{input file path (the rows' `source`): its input's tool schemas} for the inputs that name a tools file."""
-    out: dict[str, list[dict]] = {}
-    for spec in inputs:
-        if spec.get("tools"):
-            tools = load_tools_file(spec["tools"])
-            out.update({str(path): tools for path in expand_paths(spec["path"])})
-    return out
-
-
-class _DefaultToolsWriter:
-    """The trajectories writer, filling each tool-less record's schemas from its input's `tools:` file on the way
-    (formats.with_default_tools) so both ingest paths (DuckDB and Python adapters) get them."""
-
-    def __init__(self, writer, tools: dict[str, list[dict]]):
-        self.writer, self.tools = writer, tools
-
-    def write_table(self, table) -> None:
-        self.writer.write_table(with_default_tools(table, self.tools))
 
 
 def inputs_fingerprint(cfg: PivotConfig) -> str:
@@ -91,8 +70,7 @@ def write_ingest(wh: Warehouse, inputs: list[dict], *, workers: int | None = Non
     with wh.table_writer("trajectories", TRAJECTORY_SCHEMA) as traj_w, wh.table_writer(
         "quarantine", QUARANTINE_SCHEMA
     ) as quar_w:
-        tools = tools_by_source(inputs)
-        return stream_ingest(inputs, _DefaultToolsWriter(traj_w, tools) if tools else traj_w, quar_w, workers=workers)
+        return stream_ingest(inputs, traj_w, quar_w, workers=workers)
 
 
 def write_turns(wh: Warehouse) -> int:

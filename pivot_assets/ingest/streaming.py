@@ -19,6 +19,7 @@ import os
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,7 @@ class Unit:
     offset: int = 0  # jsonl: first byte; parquet: first row group; hf: first row
     length: int = 0  # jsonl: bytes; parquet: row groups; hf: rows
     first_record: int = 0  # record number of the unit's first line / row
+    tools: str | None = None  # the input's `tools:` file, for records without tools
 
 
 @dataclass
@@ -68,7 +70,7 @@ def plan_units(inputs: Iterable, unit_bytes: int = UNIT_BYTES, unit_records: int
 
 
 def _file_units(path: Path, spec: formats.Input, unit_bytes: int, unit_records: int) -> Iterator[Unit]:
-    common = {"path": str(path), "fmt": spec.format, "domain": spec.domain}
+    common = {"path": str(path), "fmt": spec.format, "domain": spec.domain, "tools": spec.tools}
     if path.is_dir():
         n_rows = _hf_rows(path)
         for start in range(0, n_rows, unit_records):
@@ -128,10 +130,17 @@ def _hf_splits(path: Path) -> list:
 
 
 def run_unit(unit: Unit) -> UnitResult:
-    """Adapt every record of one unit: trajectory rows (not yet deduplicated) and quarantine rows."""
-    if unit.kind == "jsonl":
-        return _run_jsonl(unit)
-    return _adapt_in_python(_unit_records(unit), unit)
+    """Adapt every record of one unit: trajectory rows (not yet deduplicated) and quarantine rows. Records without
+    tools get the input's `tools:` file here, before dedup sees their ids (as formats.iter_ingest does)."""
+    result = _run_jsonl(unit) if unit.kind == "jsonl" else _adapt_in_python(_unit_records(unit), unit)
+    if unit.tools:
+        result.trajectories = formats.with_default_tools(result.trajectories, {unit.path: _tools(unit.tools)})
+    return result
+
+
+@lru_cache(maxsize=16)
+def _tools(path: str) -> list[dict]:
+    return formats.load_tools_file(path)
 
 
 def _run_jsonl(unit: Unit) -> UnitResult:

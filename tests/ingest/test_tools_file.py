@@ -55,6 +55,30 @@ def test_tools_file_fills_records_without_tools(tmp_path):
     assert reference.column("trajectory_id").to_pylist() == [r["trajectory_id"] for r in rows]
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_dedup_sees_the_filled_tools(tmp_path, workers):
+    """Dedup compares trajectories as ingested, tools filled: the same messages under two inputs with different
+    tools files are two trajectories; a tool-less record equal, once filled, to one with the schemas inline is a
+    duplicate (never two rows with one id). The reference path (ingest_to_tables) agrees."""
+    other = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "name": "other"}}]
+    (tmp_path / "tools.json").write_text(json.dumps(TOOLS))
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    (tmp_path / "a.jsonl").write_text(json.dumps(_record(TOOLS)) + "\n" + json.dumps(_record(None)) + "\n")
+    (tmp_path / "b.jsonl").write_text(json.dumps(_record(None)) + "\n")
+    (tmp_path / "pivot.yaml").write_text(json.dumps({"warehouse": "./wh", "inputs": [
+        {"path": "a.jsonl", "format": "openai", "tools": "tools.json"},
+        {"path": "b.jsonl", "format": "openai", "tools": "other.json"}]}))
+    cfg = load_config(tmp_path / "pivot.yaml")
+    counts = write_ingest(Warehouse(cfg.warehouse_dir), resolved_inputs(cfg), workers=workers)
+    assert (counts["read"], counts["ingested"], counts["duplicates"]) == (3, 2, 1)
+    rows = Warehouse(cfg.warehouse_dir).read("trajectories").to_dicts()
+    assert sorted(json.loads(r["tools"])[0]["function"]["name"] for r in rows) == ["get_order", "other"]
+    assert len({r["trajectory_id"] for r in rows}) == 2
+    reference, _, ref_counts = ingest_to_tables(resolved_inputs(cfg))
+    assert sorted(reference.column("trajectory_id").to_pylist()) == sorted(r["trajectory_id"] for r in rows)
+    assert ref_counts["duplicate"] == 1
+
+
 @pytest.mark.parametrize("content,error", [
     (None, "cannot read it as JSON"),
     ("{oops", "cannot read it as JSON"),
