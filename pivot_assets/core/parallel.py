@@ -103,6 +103,17 @@ def process_gone(token: str) -> bool:
     return host == socket.gethostname() and _start_ticks(int(pid)) != start
 
 
+def process_started_at(pid: int | None = None) -> float | None:
+    """When a process (this one by default) started, in epoch seconds (Linux /proc; None elsewhere)."""
+    ticks = _start_ticks(os.getpid() if pid is None else pid)
+    try:
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+    except (OSError, StopIteration):
+        return None
+    return None if ticks is None else boot + int(ticks) / os.sysconf("SC_CLK_TCK")
+
+
 def _start_ticks(pid: int) -> str | None:
     try:
         with open(f"/proc/{pid}/stat") as f:
