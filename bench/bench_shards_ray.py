@@ -109,7 +109,7 @@ def main() -> None:
         lines.append(f"| {engine} | all | {rows} | | | | | `pivot run` {res['pivot_run_s']:.1f} | "
                      f"{rows / res['pivot_run_s']:.2f} |")
     lines += ["", "Generation seconds: local, the backend's generation time in the run's process; Ray, the actor's "
-              "time in generate_samples (K single-sample passes per batch, own seeds). The Ray job's wall adds the "
+              "time in generate_samples (own seed per row; the transformers backend decodes a turn's rows together). The Ray job's wall adds the "
               "driver, Ray Data and actor start-up and the model load; a shard run adds the Dagster run (process "
               "start, imports) and, for Ray, job submission and log tailing."]
     lines += ["", "Ray job start-up, seconds, per shard (`profiling/ray_job.startup_figures`: the driver's and the "

@@ -6,7 +6,9 @@ backend in actors (one model per actor):
 
 - rows, not turns: each turn is expanded into K (turn_id, sample_index) rows, each sampled with its own seed
   (`ray.data.llm` keeps only the first sample of n > 1, and one seed per row makes a row's draw independent of
-  which other rows share its batch); resume skips the (turn_id, sample_index) keys already on disk;
+  which other rows share its batch); resume skips the (turn_id, sample_index) keys already on disk. The
+  transformers backend decodes a turn's rows together, one generator per row (one prefill per turn, the same
+  draws as one single-sample call per seed); the others make one call per sample index;
 - keyed writes: an actor writes each batch as ONE atomic part named by its rows (Ray Data's own file names are
   not deterministic, so a retried task would add a second copy); a retried or rerun batch overwrites its part;
 - the job reports one materialization with the shard's data version (the asset fails if none comes back).
