@@ -10,6 +10,7 @@ from contextlib import contextmanager
 import dagster as dg
 import polars as pl
 
+from pivot_assets.core.parallel import process_gone
 from pivot_assets.core.warehouse import Warehouse
 
 
@@ -106,6 +107,8 @@ def reused_figures(context: dg.AssetExecutionContext, keys: tuple[str, ...]) -> 
 # A shard's run never touches pivot.duckdb (one writer: the unpartitioned steps refresh its views), so shard
 # runs can be in flight at once. Its data version is the shard's own content fingerprint.
 SHARD_TAG = "dagster/partition"  # Dagster tags every partition run with it; the run queue limit keys on it
+# The process a run of `pivot run` executes in (core.parallel.process_token): a later run can tell it is gone.
+PROCESS_TAG = "pivot/process"
 
 
 def require_only_run_of_shard(context: dg.AssetExecutionContext) -> None:
@@ -113,11 +116,22 @@ def require_only_run_of_shard(context: dg.AssetExecutionContext) -> None:
 
     Both runs are registered (STARTED) before their first step, so of two that start together each sees the
     other and neither writes (never both). The instance's run queue limit on SHARD_TAG (README: Scale) keeps the
-    UI's and the daemon's runs from getting this far."""
+    UI's and the daemon's runs from getting this far. A run of `pivot run` whose process is gone (killed with no
+    chance to record its end: kill -9, a lost machine) is marked canceled here instead of blocking the shard."""
     in_flight = (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING)
-    others = [r.run_id for r in context.instance.get_runs(
+    others = [r for r in context.instance.get_runs(
         filters=dg.RunsFilter(tags={SHARD_TAG: context.partition_key}, statuses=list(in_flight)))
         if r.run_id != context.run_id]
+    for run in [r for r in others if _process_gone(r)]:
+        context.log.warning(f"run {run.run_id} of shard {context.partition_key} lost its process "
+                            f"({run.tags[PROCESS_TAG]}): marked canceled")
+        context.instance.report_run_canceled(run, message="its process is gone (killed)")
+        others.remove(run)
     if others:
-        raise RuntimeError(f"shard {context.partition_key} already has run {others[0]} in flight; wait for it "
-                           "(or, if its process is gone, terminate it in the Dagster UI) and run again")
+        raise RuntimeError(f"shard {context.partition_key} already has run {others[0].run_id} in flight; wait for "
+                           "it (or, if its process is gone, terminate it in the Dagster UI) and run again")
+
+
+def _process_gone(run: dg.DagsterRun) -> bool:
+    token = run.tags.get(PROCESS_TAG)
+    return token is not None and process_gone(token)

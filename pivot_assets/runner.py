@@ -9,6 +9,9 @@ from pathlib import Path
 
 import dagster as dg
 
+from pivot_assets.core.parallel import process_token
+from pivot_assets.resources import PROCESS_TAG
+
 
 def ensure_dagster_home(base_dir: Path) -> Path:
     home = Path(os.environ.get("DAGSTER_HOME") or (base_dir / ".dagster_home")).resolve()
@@ -73,12 +76,14 @@ def run_assets(defs: dg.Definitions, keys: list[dg.AssetKey], instance: dg.Dagst
     prewarm()
     # Dagster's console logger defaults to DEBUG (every engine event); stage progress lines are INFO.
     level = os.environ.get("PIVOT_LOG_LEVEL", "INFO").upper()
+    token = process_token()
     result = job.execute_in_process(
         instance=instance,
         asset_selection=keys,
         raise_on_error=False,
         run_id=run_id,
         partition_key=partition_key,
+        tags={PROCESS_TAG: token} if token else None,
         run_config={"loggers": {"console": {"config": {"log_level": level}}}},
     )
     materialized = sorted(

@@ -18,6 +18,7 @@ import concurrent.futures as cf
 import multiprocessing
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -87,6 +88,39 @@ def _kill_when_orphaned(parent_pid: int, grace_s: float) -> None:
         time.sleep(0.2)
     time.sleep(grace_s)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def process_token(pid: int | None = None) -> str | None:
+    """`host:pid:start` naming one process for good (a pid is reused, its start time in clock ticks since boot
+    is not): what a run records, so a later process can tell that run's process is gone. None off Linux."""
+    start = _start_ticks(os.getpid() if pid is None else pid)
+    return None if start is None else f"{socket.gethostname()}:{os.getpid() if pid is None else pid}:{start}"
+
+
+def process_gone(token: str) -> bool:
+    """True only when `token` names a process of this host that no longer runs (another host: unknown, False)."""
+    host, pid, start = token.rsplit(":", 2)
+    return host == socket.gethostname() and _start_ticks(int(pid)) != start
+
+
+def process_started_at(pid: int | None = None) -> float | None:
+    """When a process (this one by default) started, in epoch seconds (Linux /proc; None elsewhere)."""
+    ticks = _start_ticks(os.getpid() if pid is None else pid)
+    try:
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+    except (OSError, StopIteration):
+        return None
+    return None if ticks is None else boot + int(ticks) / os.sysconf("SC_CLK_TCK")
+
+
+def _start_ticks(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after "(comm)", which may hold spaces
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+    return None if fields[0] == "Z" else fields[19]  # state, then field 22 (starttime) of proc(5)
 
 
 def _die_with_parent() -> None:

@@ -10,7 +10,10 @@ Where the time goes, and what this backend does about it:
   in place, no torch.cat of the whole cache per step), a 4D padding mask, rows stopped at EOS /
   <|im_end|> and compacted away, sampling in torch.
 - Determinism. Every turn has its own torch.Generator seeded from (seed, turn_id): its samples do not
-  depend on the other turns of its batch beyond floating-point noise.
+  depend on the other turns of its batch beyond floating-point noise. With `rows` (the Ray engine's per-sample
+  seeding) every decode row has its own generator, seeded from (its sample's seed, turn_id) exactly as a K=1
+  call under that seed would be: the K rows of a turn share one prefill and one decode loop, and draw what K
+  separate single-sample calls would draw.
 - Device. The model, the KV buffers, every index/mask tensor of the decode loop and the generators live on
   `device` (cpu | cuda | cuda:N): nothing crosses devices per step.
 """
@@ -30,6 +33,7 @@ from .models import PromptFormat, decode_completion, load_model, policy_fingerpr
 from .thinking import ThoughtBudget, apply_thinking, opens_thought
 
 PREFILL_CHUNK = 2048  # tokens per prefill forward: bounds the attention scratch memory on long prompts
+RowSeeds = dict[str, list[tuple[int, int]]]  # turn_id -> [(sample_index, seed), ...]: one decode row each
 
 
 def turn_generator(seed: int, turn_id: str, device: str | torch.device = "cpu") -> torch.Generator:
@@ -154,33 +158,39 @@ class TransformersBackend:
         return self.tokenizer(self.prompt_text(request), add_special_tokens=False)["input_ids"]
 
     # ---- public ----------------------------------------------------------------------------------
-    def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> Iterator[list[Sample]]:
-        """Yield all K samples of each batch of turns (turns of a trajectory kept together, in order)."""
+    per_row_seeds = True  # generate(..., rows=...) is supported (profiling/profiler.Profiler.generate_samples)
+
+    def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig,
+                 rows: RowSeeds | None = None) -> Iterator[list[Sample]]:
+        """Yield all K samples of each batch of turns (turns of a trajectory kept together, in order).
+
+        `rows`: turn_id -> [(sample_index, seed), ...]: instead of K samples from one generator per turn, one
+        sample per listed row, each from its own generator seeded by (seed, turn_id)."""
         ordered = order_by_trajectory(requests)
         start = time.perf_counter()  # wall_s counts our work (rendering included), not the caller's between yields
-        for batch in self._batches(ordered, sampling):
+        for batch in self._batches(ordered, sampling, rows):
             with torch.inference_mode():
                 prefilled = [self.prefill(req, ids, opened) for req, ids, opened in batch]
-                samples = self._decode(prefilled, sampling)
+                samples = self._decode(prefilled, sampling, rows)
             self.stats["wall_s"] += time.perf_counter() - start
             yield samples
             start = time.perf_counter()
         self._reset_trajectory()
 
-    def _batches(self, ordered: list[GenerationRequest], sampling: SamplingConfig):
+    def _batches(self, ordered: list[GenerationRequest], sampling: SamplingConfig, rows: RowSeeds | None = None):
         row_bytes = self._kv_bytes_per_token_row()
         batch: list[tuple[GenerationRequest, list[int], bool]] = []
-        longest = 0
+        longest = n_rows = 0
         for req in ordered:
             text = self.prompt_text(req)
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            rows = (len(batch) + 1) * sampling.k
-            need = rows * (max(longest, len(ids)) + sampling.max_new_tokens) * row_bytes
-            if batch and (rows > self.batch_size or need > self.kv_budget_bytes):
+            k = len(rows[req.turn_id]) if rows is not None else sampling.k
+            need = (n_rows + k) * (max(longest, len(ids)) + sampling.max_new_tokens) * row_bytes
+            if batch and (n_rows + k > self.batch_size or need > self.kv_budget_bytes):
                 yield batch
-                batch, longest = [], 0
+                batch, longest, n_rows = [], 0, 0
             batch.append((req, ids, opens_thought(text)))
-            longest = max(longest, len(ids))
+            longest, n_rows = max(longest, len(ids)), n_rows + k
         if batch:
             yield batch
 
@@ -212,43 +222,65 @@ class TransformersBackend:
         return _Prefilled(request, len(ids), opened, self._traj_kv, out.logits[0, -1].float())
 
     # ---- batched decode ----------------------------------------------------------------------------
-    def _decode_cache(self, prefilled: list[_Prefilled], k: int, capacity: int):
+    def _decode_cache(self, prefilled: list[_Prefilled], counts: list[int], capacity: int):
         from transformers.cache_utils import Cache
 
         longest = max(p.n_prompt for p in prefilled)
+        starts = [sum(counts[:j]) for j in range(len(counts))]
         buffer_layer = _buffer_layer_class()
         layers = []
         for li in range(len(prefilled[0].kv)):
             k0 = prefilled[0].kv[li][0]
-            shape = (len(prefilled) * k, k0.shape[1], capacity, k0.shape[3])
+            shape = (sum(counts), k0.shape[1], capacity, k0.shape[3])
             kbuf = torch.zeros(shape, dtype=k0.dtype, device=k0.device)
             vbuf = torch.zeros(shape, dtype=k0.dtype, device=k0.device)
             for j, p in enumerate(prefilled):  # left-pad: every prompt ends at position `longest`
                 kk, vv = p.kv[li]
-                kbuf[j * k : (j + 1) * k, :, longest - p.n_prompt : longest] = kk
-                vbuf[j * k : (j + 1) * k, :, longest - p.n_prompt : longest] = vv
+                kbuf[starts[j] : starts[j] + counts[j], :, longest - p.n_prompt : longest] = kk
+                vbuf[starts[j] : starts[j] + counts[j], :, longest - p.n_prompt : longest] = vv
             layers.append(buffer_layer(kbuf, vbuf, longest))
         return Cache(layers=layers), longest
 
-    def _decode(self, prefilled: list[_Prefilled], sampling: SamplingConfig) -> list[Sample]:
-        k, max_new = sampling.k, sampling.max_new_tokens
-        n_rows = len(prefilled) * k
-        cache, longest = self._decode_cache(prefilled, k, max(p.n_prompt for p in prefilled) + max_new)
+    def _row_plan(self, prefilled: list[_Prefilled], sampling: SamplingConfig, rows: RowSeeds | None):
+        """Rows per turn, each row's sample index, the generators and each row's generator (group): K rows and one
+        generator per turn, or with `rows` the listed samples, one generator each."""
         dev = self.device
+        if rows is None:
+            counts = [sampling.k] * len(prefilled)
+            indices = [i for _ in prefilled for i in range(sampling.k)]
+            gens = [turn_generator(sampling.seed, p.request.turn_id, dev) for p in prefilled]
+            group_of_row = torch.arange(len(prefilled), device=dev).repeat_interleave(sampling.k)
+        else:
+            plan = [rows[p.request.turn_id] for p in prefilled]
+            counts = [len(r) for r in plan]
+            indices = [i for r in plan for i, _ in r]
+            gens = [turn_generator(seed, p.request.turn_id, dev) for p, r in zip(prefilled, plan) for _, seed in r]
+            group_of_row = torch.arange(len(gens), device=dev)
+        return counts, indices, gens, group_of_row
+
+    def _decode(self, prefilled: list[_Prefilled], sampling: SamplingConfig, rows: RowSeeds | None = None) -> list[Sample]:
+        max_new = sampling.max_new_tokens
+        counts, indices, gens, group_of_row = self._row_plan(prefilled, sampling, rows)
+        n_rows = len(indices)
+        cache, longest = self._decode_cache(prefilled, counts, max(p.n_prompt for p in prefilled) + max_new)
+        dev = self.device
+        per_row = torch.tensor(counts, device=dev)
         valid = torch.zeros(n_rows, longest + max_new, dtype=torch.bool, device=dev)
-        for j, p in enumerate(prefilled):
-            valid[j * k : (j + 1) * k, longest - p.n_prompt :] = True
-        turn_of_row = torch.arange(n_rows, device=dev) // k
-        positions = torch.tensor([p.n_prompt for p in prefilled], device=dev).repeat_interleave(k)
-        gens = [turn_generator(sampling.seed, p.request.turn_id, dev) for p in prefilled]
-        budget = (ThoughtBudget(self.tokenizer, self.thinking_budget, [p.opens_thought for p in prefilled for _ in range(k)])
+        start = 0
+        for p, c in zip(prefilled, counts):
+            valid[start : start + c, longest - p.n_prompt :] = True
+            start += c
+        positions = torch.tensor([p.n_prompt for p in prefilled], device=dev).repeat_interleave(per_row)
+        budget = (ThoughtBudget(self.tokenizer, self.thinking_budget,
+                                [p.opens_thought for p, c in zip(prefilled, counts) for _ in range(c)])
                   if self.thinking_budget else None)
         tokens: list[list[int]] = [[] for _ in range(n_rows)]
         stopped = [False] * n_rows
         active = torch.arange(n_rows, device=dev)  # original row index of each live buffer row
-        logits = torch.stack([p.last_logits for p in prefilled]).repeat_interleave(k, dim=0)
+        logits = torch.stack([p.last_logits for p in prefilled]).repeat_interleave(per_row, dim=0)
         for step in range(max_new):
-            groups = [(gens[t], (turn_of_row[active] == t).nonzero().squeeze(-1)) for t in turn_of_row[active].unique().tolist()]
+            groups = [(gens[g], (group_of_row[active] == g).nonzero().squeeze(-1))
+                      for g in group_of_row[active].unique().tolist()]
             nxt = sample_rows(logits, groups, sampling)
             if budget is not None:
                 nxt = torch.tensor([budget.override(r, t, tokens[r]) for r, t in zip(active.tolist(), nxt.tolist())],
@@ -273,16 +305,15 @@ class TransformersBackend:
             logits = out.logits[:, -1]
         if budget is not None:
             self.stats["thoughts_forced_closed"] += len(budget.forced_rows)
-        return self._samples(prefilled, tokens, k)
+        return self._samples([p for p, c in zip(prefilled, counts) for _ in range(c)], tokens, indices)
 
-    def _samples(self, prefilled: list[_Prefilled], tokens: list[list[int]], k: int) -> list[Sample]:
+    def _samples(self, turn_of_row: list[_Prefilled], tokens: list[list[int]], indices: list[int]) -> list[Sample]:
         samples = []
-        for row, toks in enumerate(tokens):
-            p = prefilled[row // k]
+        for p, toks, index in zip(turn_of_row, tokens, indices):
             text, stop = decode_completion(self.tokenizer, toks, self.stop_ids)
             samples.append(Sample(
                 turn_id=p.request.turn_id,
-                sample_index=row % k,
+                sample_index=index,
                 completion=apply_thinking(text, self.fmt.thinking),
                 n_prompt_tokens=p.n_prompt,
                 n_completion_tokens=len(toks),

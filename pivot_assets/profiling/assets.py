@@ -9,6 +9,8 @@ Code versions: `rollouts` = the policy identity (model, sampling, resolved dtype
 verifier fingerprint, so a verifier change makes scoring and everything downstream stale but never `rollouts`.
 """
 
+import time
+
 import dagster as dg
 
 from pivot_assets.core.config import PivotConfig
@@ -129,7 +131,7 @@ def generate_on_ray(context: dg.AssetExecutionContext, cfg: PivotConfig, shard: 
     invocation = client.run(
         context=context,
         submit_job_params={"entrypoint": RAY_ENTRYPOINT, "runtime_env": ray_runtime_env(cfg), "metadata": metadata},
-        extras={"config": cfg.model_dump(mode="json"), "shard": shard},
+        extras={"config": cfg.model_dump(mode="json"), "shard": shard, "submitted_at": time.time()},
     )
     reported = [r for r in invocation.get_results(implicit_materializations=False)
                 if isinstance(r, dg.MaterializeResult) and r.data_version is not None]

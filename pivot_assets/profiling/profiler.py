@@ -503,30 +503,24 @@ class Profiler:
 
     # -- per-sample generation (the Ray engine's rows; ray_job.py feeds them through Ray Data) -------
     def pending_samples(self) -> list[dict]:
-        """(turn_id, sample_index) rows of this shard not yet generated, sample-major then in trajectory
-        order, so a batch holds consecutive turns of a trajectory under one sample seed (prefix reuse)."""
+        """(turn_id, sample_index) rows of this shard not yet generated, in trajectory order, so a batch holds
+        consecutive turns of a trajectory (prefix reuse). The transformers backend decodes a turn's K rows
+        together (one prefill): turn-major. Others take one sample seed per call: sample-major."""
         check_layout(self.wh, self.shards)
         self.wh.clean_temp_files("rollouts")
         done = done_samples(self.wh, self.policy_fp, self.sampling_fp, self.shard)
-        order = turn_order(self.wh, self.turns)
-        return [{"turn_id": t, "sample_index": i} for i in range(self.sampling.k) for t in order
-                if (t, i) not in done]
+        order, k = turn_order(self.wh, self.turns), range(self.sampling.k)
+        pairs = ((t, i) for t in order for i in k) if self.policy.backend == "transformers" else \
+            ((t, i) for i in k for t in order)
+        return [{"turn_id": t, "sample_index": i} for t, i in pairs if (t, i) not in done]
 
     def generate_samples(self, backend, rows: list[dict]) -> dict:
         """Generate one sample per (turn_id, sample_index) row, each seeded by (sample_seed(seed, i), turn_id);
         write them as ONE part named by its rows, so a retried batch overwrites its own part."""
-        from dataclasses import replace
-
-        by_index: dict[int, list[str]] = {}
-        for r in rows:
-            by_index.setdefault(int(r["sample_index"]), []).append(str(r["turn_id"]))
         requests = {q.turn_id: q for q in generation_requests(self.wh, {r["turn_id"] for r in rows})}
-        samples = []
         t0 = time.perf_counter()
-        for i, turn_ids in sorted(by_index.items()):
-            one = replace(self.sampling, k=1, seed=sample_seed(self.sampling.seed, i))
-            for batch in backend.generate([requests[t] for t in turn_ids], one):
-                samples += [replace(s, sample_index=i) for s in batch]
+        samples = (self._samples_per_row(backend, rows, requests) if getattr(backend, "per_row_seeds", False)
+                   else self._samples_per_index(backend, rows, requests))
         part = pa.Table.from_pylist([
             {"turn_id": s.turn_id, "trajectory_id": requests[s.turn_id].trajectory_id, "policy_fp": self.policy_fp,
              "sampling_fp": self.sampling_fp, "sample_index": s.sample_index, "completion": s.completion,
@@ -536,3 +530,26 @@ class Profiler:
         self.wh.append_part("rollouts", part, shard=self.shard, key=key)
         return {"rows": len(samples), "tokens": sum(s.n_completion_tokens for s in samples),
                 "seconds": time.perf_counter() - t0}
+
+    def _samples_per_index(self, backend, rows: list[dict], requests: dict) -> list:
+        """One backend call per sample index i (K=1 under sample_seed(seed, i)), the turns of that index batched."""
+        from dataclasses import replace
+
+        by_index: dict[int, list[str]] = {}
+        for r in rows:
+            by_index.setdefault(int(r["sample_index"]), []).append(str(r["turn_id"]))
+        samples = []
+        for i, turn_ids in sorted(by_index.items()):
+            one = replace(self.sampling, k=1, seed=sample_seed(self.sampling.seed, i))
+            for batch in backend.generate([requests[t] for t in turn_ids], one):
+                samples += [replace(s, sample_index=i) for s in batch]
+        return samples
+
+    def _samples_per_row(self, backend, rows: list[dict], requests: dict) -> list:
+        """One backend call: a turn's rows share its prefill and decode loop, each row drawing from its own
+        generator seeded as _samples_per_index seeds it (the same draws, one prefill instead of K)."""
+        plan: dict[str, list[tuple[int, int]]] = {}
+        for r in rows:
+            i = int(r["sample_index"])
+            plan.setdefault(str(r["turn_id"]), []).append((i, sample_seed(self.sampling.seed, i)))
+        return [s for batch in backend.generate([requests[t] for t in plan], self.sampling, rows=plan) for s in batch]

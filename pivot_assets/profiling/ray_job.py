@@ -6,7 +6,9 @@ backend in actors (one model per actor):
 
 - rows, not turns: each turn is expanded into K (turn_id, sample_index) rows, each sampled with its own seed
   (`ray.data.llm` keeps only the first sample of n > 1, and one seed per row makes a row's draw independent of
-  which other rows share its batch); resume skips the (turn_id, sample_index) keys already on disk;
+  which other rows share its batch); resume skips the (turn_id, sample_index) keys already on disk. The
+  transformers backend decodes a turn's rows together, one generator per row (one prefill per turn, the same
+  draws as one single-sample call per seed); the others make one call per sample index;
 - keyed writes: an actor writes each batch as ONE atomic part named by its rows (Ray Data's own file names are
   not deterministic, so a retried task would add a second copy); a retried or rerun batch overwrites its part;
 - the job reports one materialization with the shard's data version (the asset fails if none comes back).
@@ -22,6 +24,7 @@ import os
 import time
 
 from pivot_assets.core.config import PivotConfig
+from pivot_assets.core.parallel import process_started_at
 from pivot_assets.core.warehouse import Warehouse
 
 from .profiler import Profiler, policy_model
@@ -81,52 +84,87 @@ class ShardGenerator:
         from pivot_assets.core.hardware import configure_torch
         from pivot_assets.policies.factory import build_backend
 
+        init_at = time.time()
         cfg = PivotConfig.model_validate(config)
         self.profiler = Profiler.for_config(cfg, shard=shard)
         if cfg.policy.backend == "transformers":
             configure_torch(cfg.runtime.threads)
+        backend_at = time.time()
         self.backend = build_backend(cfg.policy, model=policy_model(cfg.policy, self.profiler.wh))
+        # when this actor's process started, entered __init__, began building the backend and was ready
+        self.clock = {"process_at": process_started_at() or init_at, "init_at": init_at, "backend_at": backend_at,
+                      "ready_at": time.time()}
 
     def __call__(self, batch: dict) -> dict:
         rows = [{"turn_id": str(t), "sample_index": int(i)} for t, i in zip(batch["turn_id"], batch["sample_index"])]
+        started_at = time.time()
         stats = self.profiler.generate_samples(self.backend, rows)
         return {"rows": [stats["rows"]], "tokens": [stats["tokens"]], "seconds": [stats["seconds"]],
-                "pid": [os.getpid()]}
+                "pid": [os.getpid()], "started_at": [started_at], **{k: [v] for k, v in self.clock.items()}}
 
 
-def generate_shard(cfg: PivotConfig, shard: int | None, log=print) -> dict:
-    """Generate every pending row of the shard on the Ray cluster this process is attached to."""
-    import ray
+def startup_figures(clock: dict, out: list[dict]) -> dict:
+    """Where a job's start-up went, in seconds, from the driver's clock and its first actor's (one node here; on a
+    cluster the node clocks are NTP-close): submission -> driver process -> driver code -> rows pending -> Ray
+    Data started -> actor process -> actor code -> backend built (imports, model load) -> first batch."""
+    first = min(out, key=lambda r: r["ready_at"])
+    marks = [("submitted_to_driver_s", clock.get("submitted_at"), clock["process_at"]),
+             ("driver_boot_s", clock["process_at"], clock["main_at"]),
+             ("pending_rows_s", clock["main_at"], clock["pending_at"]),
+             ("ray_data_start_s", clock["pending_at"], clock["dataset_at"]),
+             ("actor_spawn_s", clock["dataset_at"], first["process_at"]),
+             ("actor_boot_s", first["process_at"], first["init_at"]),
+             ("actor_setup_s", first["init_at"], first["backend_at"]),
+             ("backend_build_s", first["backend_at"], first["ready_at"]),
+             ("to_first_batch_s", first["ready_at"], min(r["started_at"] for r in out))]
+    figures = {name: round(b - a, 2) for name, a, b in marks if a is not None}
+    figures["startup_s"] = round(min(r["started_at"] for r in out) - (clock.get("submitted_at") or clock["process_at"]), 2)
+    return figures
 
+
+def generate_shard(cfg: PivotConfig, shard: int | None, log=print, clock: dict | None = None) -> dict:
+    """Generate every pending row of the shard on the Ray cluster this process is attached to. `clock`: when the
+    job was submitted and its driver started (epoch seconds), for the start-up figures."""
+
+    clock = {"process_at": process_started_at() or time.time(), "main_at": time.time(), **(clock or {})}
     profiler = Profiler.for_config(cfg, shard=shard)
     t0 = time.perf_counter()
     rows = profiler.pending_samples()
+    clock["pending_at"] = time.time()
     log(f"shard {shard}: {len(profiler.turns)} turns x K={profiler.sampling.k}, {len(rows)} rows to generate "
         f"({cfg.scale.ray_actors} actor(s), {cfg.scale.ray_batch_rows} rows per part)")
     stats = {"turns_profiled": len(profiler.turns), "samples_per_turn": profiler.sampling.k,
              "rollouts_generated": 0, "generated_tokens": 0, "parts_written": 0,
              "policy_fp": profiler.policy_fp, "sampling_fp": profiler.sampling_fp, "seeding": profiler.seeding}
     if rows:
-        if not ray.is_initialized():
-            ray.init(logging_level="WARNING")  # inside a Ray job: attaches to the job's cluster
-        ctx = ray.data.DataContext.get_current()
-        ctx.enable_progress_bars = False  # the job log is the Pipes channel: keep it readable
-        batch = cfg.scale.ray_batch_rows
-        ds = ray.data.from_items(rows, override_num_blocks=max(1, math.ceil(len(rows) / batch)))
-        out = ds.map_batches(
-            ShardGenerator, fn_constructor_kwargs={"config": cfg.model_dump(mode="json"), "shard": shard},
-            batch_size=batch, compute=ray.data.ActorPoolStrategy(size=cfg.scale.ray_actors),
-            num_cpus=cfg.scale.ray_actor_cpus,
-            num_gpus=cfg.scale.ray_actor_gpus or None, batch_format="numpy",
-        ).take_all()
+        out = _generate_rows(cfg, shard, rows, clock)
         stats.update(rollouts_generated=sum(r["rows"] for r in out), generated_tokens=sum(r["tokens"] for r in out),
                      parts_written=len(out), actor_processes=len({r["pid"] for r in out}),
                      # actor seconds in generate_samples (summed over actors): generation alone, no start-up
-                     generation_s=round(sum(r["seconds"] for r in out), 2))
+                     generation_s=round(sum(r["seconds"] for r in out), 2), **startup_figures(clock, out))
     wall = time.perf_counter() - t0
     stats.update(wall_s=round(wall, 2), rows_per_s=round(stats["rollouts_generated"] / wall, 3) if wall else 0.0,
                  tokens_per_s=round(stats["generated_tokens"] / wall, 1) if wall else 0.0)
     return stats
+
+
+def _generate_rows(cfg: PivotConfig, shard: int | None, rows: list[dict], clock: dict) -> list[dict]:
+    """Feed the rows through Ray Data to the ShardGenerator actors; one output record per written part."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(logging_level="WARNING")  # inside a Ray job: attaches to the job's cluster
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False  # the job log is the Pipes channel: keep it readable
+    batch = cfg.scale.ray_batch_rows
+    clock["dataset_at"] = time.time()
+    ds = ray.data.from_items(rows, override_num_blocks=max(1, math.ceil(len(rows) / batch)))
+    return ds.map_batches(
+        ShardGenerator, fn_constructor_kwargs={"config": cfg.model_dump(mode="json"), "shard": shard},
+        batch_size=batch, compute=ray.data.ActorPoolStrategy(size=cfg.scale.ray_actors),
+        num_cpus=cfg.scale.ray_actor_cpus,
+        num_gpus=cfg.scale.ray_actor_gpus or None, batch_format="numpy",
+    ).take_all()
 
 
 def main() -> None:
@@ -135,7 +173,7 @@ def main() -> None:
     with open_dagster_pipes() as pipes:
         cfg = PivotConfig.model_validate(pipes.get_extra("config"))
         shard = pipes.get_extra("shard")
-        stats = generate_shard(cfg, shard, log=pipes.log.info)
+        stats = generate_shard(cfg, shard, log=pipes.log.info, clock={"submitted_at": pipes.get_extra("submitted_at")})
         wh = Warehouse(cfg.warehouse_dir)
         version = shard_data_version(wh, "rollouts", shard) if shard is not None else wh.data_version("rollouts")
         rows = shard_row_count(wh, "rollouts", shard) if shard is not None else None

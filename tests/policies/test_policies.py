@@ -197,6 +197,31 @@ def test_batched_greedy_decode_matches_generate(backend):
         assert got == [want, want]
 
 
+@pytest.mark.slow
+def test_per_row_seeds_draw_what_one_call_per_sample_draws(backend):
+    """The Ray engine's seeding: sample i of a turn is drawn under its own seed. One call with a generator per row
+    (one prefill per turn, the rows decoded together) gives the completions of one K=1 call per seed, also when a
+    turn asks for only some of its samples (what resume leaves)."""
+    seeds = {0: 101, 1: 202, 2: 303}
+    reqs = _requests()
+
+    def sampling(k, seed=0):
+        return SamplingConfig(k=k, temperature=1.0, max_new_tokens=12, seed=seed)
+
+    one_by_one = {}
+    for i, seed in seeds.items():
+        for s in (s for b in backend.generate(reqs, sampling(1, seed)) for s in b):
+            one_by_one[(s.turn_id, i)] = s.completion
+    rows = {"a4": [(2, seeds[2])], "b1": [(0, seeds[0]), (2, seeds[2])], "a2": [(i, x) for i, x in seeds.items()]}
+    before = backend.stats["turns"]
+    together = [s for b in backend.generate(reqs, sampling(3), rows=rows) for s in b]
+    assert backend.stats["turns"] - before == 3  # one prefill per turn, not one per sample
+    assert sorted((s.turn_id, s.sample_index) for s in together) == sorted((t, i) for t, r in rows.items() for i, _ in r)
+    assert {(s.turn_id, s.sample_index): s.completion for s in together} == {
+        (s.turn_id, s.sample_index): one_by_one[(s.turn_id, s.sample_index)] for s in together}
+    assert len({one_by_one[("a2", i)] for i in seeds}) > 1  # the seeds really draw different samples
+
+
 @pytest.mark.gpu
 def test_vllm_backend_samples_every_turn(embedded_model_dir):
     from pivot_assets.policies.vllm_backend import VLLMBackend, vllm_available

@@ -73,8 +73,10 @@ class RayHead:
         self.proc.wait()
 
 
-def start_ray_head(num_cpus: int = 2, timeout: float = 180, env: dict[str, str] | None = None) -> RayHead:
-    """`env`: added to the head's environment, which every Ray worker and job driver on it inherits (a job's
+def start_ray_head(num_cpus: int = 2, timeout: float = 180, env: dict[str, str] | None = None,
+                   nice: int = 19) -> RayHead:
+    """`nice`: the niceness of the head and every worker it starts (19: the tests yield to the rest of the box).
+    `env`: added to the head's environment, which every Ray worker and job driver on it inherits (a job's
     runtime_env, by contrast, is visible to anyone who can list the cluster's jobs)."""
     gcs, dash, client, mgr, obj, agent_listen, agent_grpc, metrics, rtenv = free_ports(9)
     workers = free_port_range(40)
@@ -89,7 +91,7 @@ def start_ray_head(num_cpus: int = 2, timeout: float = 180, env: dict[str, str] 
            f"--num-cpus={num_cpus}", "--num-gpus=0", "--object-store-memory=100000000", f"--temp-dir={temp_dir}",
            "--disable-usage-stats"]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(["nice", "-n", "19", *cmd], env=env, start_new_session=True,
+    proc = subprocess.Popen(["nice", "-n", str(nice), *cmd], env=env, start_new_session=True,
                             stdout=open(Path(temp_dir) / "head.log", "w"), stderr=subprocess.STDOUT)
     head = RayHead(proc, f"http://127.0.0.1:{dash}", f"127.0.0.1:{gcs}", temp_dir, 0.0)
     while time.perf_counter() - t0 < timeout:

@@ -4,7 +4,8 @@ shard runs that submit Ray jobs through dagster-ray's PipesRayJobClient, the emb
 Covers: 4 shards profiled through Ray (two shard runs in flight at once) give exactly turns x K rows with no
 duplicate key; a verifier change re-scores every shard without generating; the pivot sets read every shard;
 kill -9 of a shard's Ray job mid-write, then a rerun, gives exactly turns x K; kill -9 of `pivot run` itself
-leaves no process of it and no Ray job running, and a rerun gives exactly turns x K; a job that reports no data
+leaves no process of it and no Ray job running, and a rerun gives exactly turns x K; so does a rerun after kill -9
+of all its processes at once (it stops the orphaned jobs); a job that reports no data
 version fails its run.
 """
 
@@ -23,7 +24,7 @@ import pytest
 
 from pivot_assets.cli import main as pivot
 from pivot_assets.profiling.shards import shard_of
-from tests.crashes import kill_parent_mid_run, still_alive
+from tests.crashes import kill_parent_mid_run, kill_run_after_first_part, still_alive
 
 from .conftest import (INGEST, K, PROFILING, expected_rows, make_project, materializations, project_warehouse,
                        rollout_rows)
@@ -199,6 +200,32 @@ def test_kill_9_of_pivot_run_leaves_no_process_and_a_rerun_completes(tmp_path, r
     for shard, n in expected_rows(wh, 2, limit).items():
         assert rollout_rows(wh, shard) == (n, n), shard
     assert rollout_rows(wh) == (limit * K, limit * K)  # exactly turns x K, no duplicate sample key
+
+
+def test_kill_9_of_everything_mid_run_then_rerun_stops_the_orphaned_jobs(tmp_path, ray_head):
+    """kill -9 of `pivot run` and all its processes at once (a lost machine): nothing stops the Ray jobs or records
+    the runs' end. The rerun marks those runs canceled, stops the orphaned jobs, and gives exactly turns x K."""
+    from ray.job_submission import JobSubmissionClient
+
+    limit = 12
+    root = make_project(tmp_path / "all", ray_head, shards=2, limit_turns=limit, batch_rows=2, max_new_tokens=16)
+    env = {**os.environ, "DAGSTER_HOME": str(root / "dagster_home")}
+    env.pop("PIVOT_CONFIG", None)
+    argv = [str(Path(sys.executable).parent / "pivot"), "run", "--select", f"{INGEST},{PROFILING}"]
+    wh = project_warehouse(root)
+    kill_run_after_first_part(argv, lambda: rollout_rows(wh)[0] > 0, cwd=root, env=env)
+    orphans = _unfinished_jobs(ray_head.dashboard, str(wh.root))
+    assert orphans, "no Ray job outlived the kill: make the test input larger"
+    for job in orphans:  # frozen drivers: still running when the rerun reaches them, however fast this machine is
+        os.kill(int(JobSubmissionClient(ray_head.dashboard).get_job_info(job).driver_info.pid), signal.SIGSTOP)
+    rerun = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    printed = rerun.stdout + rerun.stderr
+    assert all(f"stopping Ray job {job}" in printed for job in orphans), printed[-3000:]
+    assert _unfinished_jobs(ray_head.dashboard, str(wh.root)) == []
+    assert "lost its process" in printed  # the killed runs no longer block their shards
+    for shard, n in expected_rows(wh, 2, limit).items():
+        assert rollout_rows(wh, shard) == (n, n), shard  # exactly turns x K, no duplicate sample key
 
 
 # -- a job that reports no data version fails its run --------------------------------------------------------------

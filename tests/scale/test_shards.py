@@ -165,3 +165,34 @@ def test_a_busy_shard_refuses_a_second_run(tmp_path, monkeypatch):
     report = run_assets(defs, [dg.AssetKey("rollout_rewards")], instance, partition_key="001")
     assert not report.success and "shard 001 already has run busy-run in flight" in report.error
     assert not (tmp_path / "wh" / "rollout_rewards").exists()  # stopped before writing anything
+
+
+def test_a_run_whose_process_is_gone_no_longer_blocks_its_shard(tmp_path, monkeypatch):
+    """A shard run killed with no chance to record its end (kill -9) stays STARTED; the next run of the shard sees
+    its process is gone (pivot/process tag), marks it canceled and goes on. A live process still blocks."""
+    import subprocess
+    import sys
+
+    from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
+
+    from pivot_assets.core.parallel import process_token
+    from pivot_assets.resources import PROCESS_TAG
+    from pivot_assets.runner import run_assets
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    instance = dg.DagsterInstance.get()
+    dead = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    dead_token = process_token(dead.pid)
+    dead.kill()
+    dead.wait()
+    instance.add_run(DagsterRun(job_name="__ASSET_JOB", run_id="killed-run", status=DagsterRunStatus.STARTED,
+                                tags={"dagster/partition": "001", PROCESS_TAG: dead_token}))
+    instance.add_run(DagsterRun(job_name="__ASSET_JOB", run_id="live-run", status=DagsterRunStatus.STARTED,
+                                tags={"dagster/partition": "000", PROCESS_TAG: process_token()}))
+    defs = build_definitions(PivotConfig.model_validate({"scale": {"shards": 2}, "warehouse": str(tmp_path / "wh")}))
+    report = run_assets(defs, [dg.AssetKey("rollout_rewards")], instance, partition_key="001")
+    assert "already has run" not in (report.error or "")
+    assert instance.get_run_by_id("killed-run").status == DagsterRunStatus.CANCELED
+    report = run_assets(defs, [dg.AssetKey("rollout_rewards")], instance, partition_key="000")
+    assert not report.success and "shard 000 already has run live-run in flight" in report.error
