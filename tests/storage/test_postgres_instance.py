@@ -1,5 +1,6 @@
 """A shared Dagster instance in PostgreSQL 15 (dagster-postgres), started by the test on 127.0.0.1: two `pivot run`s
-at once record both runs and all their events there, and each warehouse gets exactly the rows it should."""
+at once record both runs and all their events there, and each warehouse gets exactly the rows it should; two shard
+runs of one project at once (`pivot run --shard NNN`) each write exactly their shard's turns x K."""
 
 from __future__ import annotations
 
@@ -96,3 +97,41 @@ def test_two_runs_at_once_share_a_postgres_instance(tmp_path, postgres, s3_env, 
         wh = Warehouse(load_config(tmp_path / name / "pivot.yaml").warehouse_dir)
         got = wh.read("turns").sort("turn_id")
         assert got.equals(expected_turns(tmp_path, text)), name
+
+
+def test_two_shard_runs_at_once_share_a_postgres_instance(tmp_path, postgres, monkeypatch):
+    """Two shard runs of one project at once (`pivot run --shard 000` and `--shard 001`) on the Postgres instance:
+    both succeed, overlap in time, carry their partition, and each shard holds exactly its turns x K rollouts."""
+    from tests.scale.conftest import expected_rows, rollout_rows
+
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(DAGSTER_YAML)
+    env = {**os.environ, "DAGSTER_HOME": str(home), "PIVOT_DAGSTER_PG_URL": postgres["url"]}
+    env.pop("PIVOT_CONFIG", None)
+    (tmp_path / "pivot.yaml").write_text(
+        "warehouse: ./wh\nsample: {n_trajectories: 6, seed: 3}\nverifier: {default: {name: tool_call}}\n"
+        "policy: {model: embedded, k: 2, max_new_tokens: 8, limit_turns: 8, batch_size: 8}\n"
+        "runtime: {threads: 1}\nscale: {shards: 2}\n")
+    pivot = str(VENV_BIN / "pivot")
+    subprocess.run([pivot, "run", "--select", "trajectories,turns"], cwd=tmp_path, env=env, check=True,
+                   capture_output=True)
+    procs = {shard: subprocess.Popen([pivot, "run", "--shard", shard, "--select", "rollouts,rollout_rewards,turn_profiles"],
+                                     cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for shard in ("000", "001")}
+    outputs = {shard: p.communicate(timeout=600) for shard, p in procs.items()}
+    for shard, p in procs.items():
+        assert p.returncode == 0, outputs[shard][1][-2000:]
+
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("PIVOT_DAGSTER_PG_URL", postgres["url"])
+    with dg.DagsterInstance.get() as instance:
+        records = [r for r in instance.get_run_records() if r.dagster_run.tags.get("dagster/partition") in ("000", "001")]
+        assert sorted(r.dagster_run.tags["dagster/partition"] for r in records) == ["000", "001"]
+        assert all(r.dagster_run.status == dg.DagsterRunStatus.SUCCESS for r in records)
+        a, b = records
+        assert a.start_time < b.end_time and b.start_time < a.end_time  # really at once
+
+    wh = Warehouse(load_config(tmp_path / "pivot.yaml").warehouse_dir)
+    for shard, rows in expected_rows(wh, 2, 8).items():
+        assert rollout_rows(wh, shard) == (rows, rows), shard
