@@ -83,6 +83,14 @@ def expected_rows(wh: Warehouse, shards: int, limit_turns: int) -> dict[int, int
     return out
 
 
+def assert_exactly_turns_x_k(wh: Warehouse, shards: int, limit_turns: int) -> dict[int, int]:
+    """Every shard holds exactly its turns x K rollouts, with no duplicate sample key; returns rows per shard."""
+    expected = expected_rows(wh, shards, limit_turns)
+    for shard, n in expected.items():
+        assert rollout_rows(wh, shard) == (n, n), f"shard {shard}"
+    return expected
+
+
 def rollout_rows(wh: Warehouse, shard: int | None = None) -> tuple[int, int]:
     """(rows, distinct sample keys) of the rollouts, all shards or one."""
     if not wh.part_files("rollouts", shard):

@@ -18,7 +18,16 @@ from pivot_assets.profiling.profiler import Profiler
 from pivot_assets.profiling.shards import part_key, shard_of
 from tests.s3_store import ACCESS_KEY, SECRET_KEY, assert_no_credentials
 
-from .conftest import INGEST, K, PROFILING, expected_rows, make_project, materializations, project_warehouse, rollout_rows
+from .conftest import (
+    INGEST,
+    PROFILING,
+    K,
+    assert_exactly_turns_x_k,
+    make_project,
+    materializations,
+    project_warehouse,
+    rollout_rows,
+)
 
 pytestmark = pytest.mark.slow
 SHARDS = 4
@@ -71,10 +80,8 @@ def test_four_shards_through_ray_into_s3(tmp_path, s3_env, ray_head_s3, embedded
     assert wh.is_remote and not (wh.root / "rollouts").exists()  # the tables live on the store only
 
     # exactly turns x K, per shard and in all, no duplicate sample key; keyed parts in shard folders
-    expected = expected_rows(wh, SHARDS, LIMIT)
+    expected = assert_exactly_turns_x_k(wh, SHARDS, LIMIT)
     assert sum(expected.values()) == LIMIT * K and all(expected.values()), expected  # every shard has turns
-    for shard, n in expected.items():
-        assert rollout_rows(wh, shard) == (n, n), shard
     assert rollout_rows(wh) == (LIMIT * K, LIMIT * K)
     profiler = Profiler.for_config(load_config(root / "pivot.yaml"), shard=0)
     assert_keyed_rollout_parts(wh, profiler.policy_fp, profiler.sampling_fp)

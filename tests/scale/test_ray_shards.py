@@ -26,7 +26,7 @@ from pivot_assets.cli import main as pivot
 from pivot_assets.profiling.shards import shard_of
 from tests.crashes import kill_parent_mid_run, kill_run_after_first_part, still_alive
 
-from .conftest import (INGEST, K, PROFILING, expected_rows, make_project, materializations, project_warehouse,
+from .conftest import (INGEST, K, PROFILING, assert_exactly_turns_x_k, expected_rows, make_project, materializations, project_warehouse,
                        rollout_rows)
 
 pytestmark = pytest.mark.slow
@@ -54,10 +54,8 @@ def profiled(tmp_path_factory, ray_head):
 
 def test_four_shards_through_ray_give_exactly_turns_x_k(profiled, in_project):
     root = in_project(profiled)
-    expected = expected_rows(project_warehouse(root), SHARDS, LIMIT)
+    expected = assert_exactly_turns_x_k(project_warehouse(root), SHARDS, LIMIT)
     assert sum(expected.values()) == LIMIT * K and all(expected.values()), expected  # every shard has turns
-    for shard, n in expected.items():
-        assert rollout_rows(project_warehouse(root), shard) == (n, n), shard
     assert rollout_rows(project_warehouse(root)) == (LIMIT * K, LIMIT * K)
 
     # one run per shard, each a Ray job with a data version; two of them were in flight at once
@@ -175,13 +173,19 @@ def _unfinished_jobs(dashboard: str, warehouse: str) -> list[str]:
             if (j.metadata or {}).get("pivot_warehouse") == warehouse and not j.status.is_terminal()]
 
 
-def test_kill_9_of_pivot_run_leaves_no_process_and_a_rerun_completes(tmp_path, ray_head):
-    limit = 12
-    root = make_project(tmp_path / "parent", ray_head, shards=2, limit_turns=limit, batch_rows=2, max_new_tokens=16)
+def _killable_project(root: Path, ray_head, limit: int) -> tuple[dict, list[str], object]:
+    """A 2-shard Ray project at `root` to kill mid-run: (env, `pivot run` argv, its warehouse)."""
+    make_project(root, ray_head, shards=2, limit_turns=limit, batch_rows=2, max_new_tokens=16)
     env = {**os.environ, "DAGSTER_HOME": str(root / "dagster_home")}
     env.pop("PIVOT_CONFIG", None)
     argv = [str(Path(sys.executable).parent / "pivot"), "run", "--select", f"{INGEST},{PROFILING}"]
-    wh = project_warehouse(root)
+    return env, argv, project_warehouse(root)
+
+
+def test_kill_9_of_pivot_run_leaves_no_process_and_a_rerun_completes(tmp_path, ray_head):
+    limit = 12
+    root = tmp_path / "parent"
+    env, argv, wh = _killable_project(root, ray_head, limit)
     children = kill_parent_mid_run(argv, lambda: rollout_rows(wh)[0] > 0, cwd=root, env=env)
     written = rollout_rows(wh)[0]
     assert 0 < written < limit * K, "the run finished before it could be killed: make the test input larger"
@@ -197,9 +201,8 @@ def test_kill_9_of_pivot_run_leaves_no_process_and_a_rerun_completes(tmp_path, r
 
     rerun = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    for shard, n in expected_rows(wh, 2, limit).items():
-        assert rollout_rows(wh, shard) == (n, n), shard
-    assert rollout_rows(wh) == (limit * K, limit * K)  # exactly turns x K, no duplicate sample key
+    assert_exactly_turns_x_k(wh, 2, limit)
+    assert rollout_rows(wh) == (limit * K, limit * K)
 
 
 def test_kill_9_of_everything_mid_run_then_rerun_stops_the_orphaned_jobs(tmp_path, ray_head):
@@ -208,11 +211,8 @@ def test_kill_9_of_everything_mid_run_then_rerun_stops_the_orphaned_jobs(tmp_pat
     from ray.job_submission import JobSubmissionClient
 
     limit = 12
-    root = make_project(tmp_path / "all", ray_head, shards=2, limit_turns=limit, batch_rows=2, max_new_tokens=16)
-    env = {**os.environ, "DAGSTER_HOME": str(root / "dagster_home")}
-    env.pop("PIVOT_CONFIG", None)
-    argv = [str(Path(sys.executable).parent / "pivot"), "run", "--select", f"{INGEST},{PROFILING}"]
-    wh = project_warehouse(root)
+    root = tmp_path / "all"
+    env, argv, wh = _killable_project(root, ray_head, limit)
     kill_run_after_first_part(argv, lambda: rollout_rows(wh)[0] > 0, cwd=root, env=env)
     orphans = _unfinished_jobs(ray_head.dashboard, str(wh.root))
     assert orphans, "no Ray job outlived the kill: make the test input larger"
@@ -224,8 +224,7 @@ def test_kill_9_of_everything_mid_run_then_rerun_stops_the_orphaned_jobs(tmp_pat
     assert all(f"stopping Ray job {job}" in printed for job in orphans), printed[-3000:]
     assert _unfinished_jobs(ray_head.dashboard, str(wh.root)) == []
     assert "lost its process" in printed  # the killed runs no longer block their shards
-    for shard, n in expected_rows(wh, 2, limit).items():
-        assert rollout_rows(wh, shard) == (n, n), shard  # exactly turns x K, no duplicate sample key
+    assert_exactly_turns_x_k(wh, 2, limit)
 
 
 # -- a job that reports no data version fails its run --------------------------------------------------------------

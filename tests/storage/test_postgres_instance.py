@@ -102,7 +102,7 @@ def test_two_runs_at_once_share_a_postgres_instance(tmp_path, postgres, s3_env, 
 def test_two_shard_runs_at_once_share_a_postgres_instance(tmp_path, postgres, monkeypatch):
     """Two shard runs of one project at once (`pivot run --shard 000` and `--shard 001`) on the Postgres instance:
     both succeed, overlap in time, carry their partition, and each shard holds exactly its turns x K rollouts."""
-    from tests.scale.conftest import expected_rows, rollout_rows
+    from tests.scale.conftest import assert_exactly_turns_x_k
 
     home = tmp_path / "dagster_home"
     home.mkdir()
@@ -133,5 +133,4 @@ def test_two_shard_runs_at_once_share_a_postgres_instance(tmp_path, postgres, mo
         assert a.start_time < b.end_time and b.start_time < a.end_time  # really at once
 
     wh = Warehouse(load_config(tmp_path / "pivot.yaml").warehouse_dir)
-    for shard, rows in expected_rows(wh, 2, 8).items():
-        assert rollout_rows(wh, shard) == (rows, rows), shard
+    assert_exactly_turns_x_k(wh, 2, 8)
