@@ -134,12 +134,15 @@ def run_unit(unit: Unit) -> UnitResult:
     tools get the input's `tools:` file here, before dedup sees their ids (as formats.iter_ingest does)."""
     result = _run_jsonl(unit) if unit.kind == "jsonl" else _adapt_in_python(_unit_records(unit), unit)
     if unit.tools:
-        result.trajectories = formats.with_default_tools(result.trajectories, {unit.path: _tools(unit.tools)})
+        stat = os.stat(unit.tools)
+        tools = _tools(unit.tools, stat.st_mtime_ns, stat.st_size)
+        result.trajectories = formats.with_default_tools(result.trajectories, {unit.path: tools})
     return result
 
 
 @lru_cache(maxsize=16)
-def _tools(path: str) -> list[dict]:
+def _tools(path: str, mtime_ns: int, size: int) -> list[dict]:
+    """A tools file, read once per version (a long-lived process sees an edited file)."""
     return formats.load_tools_file(path)
 
 
