@@ -227,8 +227,10 @@ SELECT * FROM accepted
 """
 
 
-# 4. Canonical JSON and both hashes, one row per accepted line in TRAJECTORY_SCHEMA's terms (`record_domain` before
-#    the input's override). A separate statement: the message lists are built once, in step 3.
+# 4. Canonical JSON and both hashes, one row per accepted line with tools in TRAJECTORY_SCHEMA's terms
+#    (`record_domain` before the input's override), in step 3's row order. A separate statement: the message lists
+#    are built once, in step 3; they are not passed through here (a round trip through Arrow costs as much as to_json),
+#    accepted_records takes them from step 3's result.
 HASH_SQL = f"""
 WITH serialized AS (
     SELECT *, {_fixed_json('CAST(to_json(messages_sorted) AS VARCHAR)')} AS messages_json,
@@ -241,8 +243,8 @@ hashed AS (
     SELECT *, pivot_hashes(messages_json, tools, ids_json, first_assistant - 1) AS hashes
     FROM serialized
 )
-SELECT line_no, split_part(hashes, ' ', 1) AS trajectory_id, 'openai' AS source_format, record_domain, messages_sorted,
-       tools, outcome_reward,
+SELECT line_no, split_part(hashes, ' ', 1) AS trajectory_id, 'openai' AS source_format, record_domain, tools,
+       outcome_reward,
        CASE WHEN explicit_conversation IS NOT NULL THEN explicit_conversation
             WHEN len(ids) = 0 AND NOT coalesce(opening_has_user, false) THEN split_part(hashes, ' ', 1)
             ELSE split_part(hashes, ' ', 2) END AS conversation_id
@@ -352,6 +354,7 @@ def accepted_records(con: duckdb.DuckDBPyConnection, chunk: pa.Table) -> pa.Tabl
             con.register(name, table)
             table = con.execute(sql).to_arrow_table()
             kept.append(table)
+        table = _with_messages(table, kept[1])
         # DuckDB's Arrow results may point into the Arrow tables it scanned (strings passed through): one copy
         # into fresh buffers makes the result independent of the intermediates, which are freed on return.
         return _owned(_in_message_order(table))
@@ -359,6 +362,16 @@ def accepted_records(con: duckdb.DuckDBPyConnection, chunk: pa.Table) -> pa.Tabl
         for name in ("chunk", *(name for name, _ in steps)):
             con.unregister(name)
         _UDF_RESULTS.clear()
+
+
+def _with_messages(hashed: pa.Table, accepted: pa.Table) -> pa.Table:
+    """Step 4's rows with their messages_sorted from step 3 (the rows step 4 kept: those with tools, in order)."""
+    import pyarrow.compute as pc
+
+    kept = accepted.filter(pc.is_valid(accepted.column("tools")))
+    if not kept.column("line_no").equals(hashed.column("line_no")):
+        raise RuntimeError("chat_sql: the hash step changed the order of the accepted rows")
+    return hashed.add_column(4, "messages_sorted", kept.column("messages_sorted"))
 
 
 def _owned(table: pa.Table) -> pa.Table:
