@@ -344,6 +344,34 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
+def redeliver_swallowed_interrupts() -> None:
+    """A stop signal whose exception is raised while the main thread runs a garbage-collector callback (a weakref
+    finalizer of SQLAlchemy's, say) is printed as "Exception ignored in ..." and dropped by Python: the run went
+    on until the supervisor killed it. When an interrupt is dropped that way, nothing is printed and the signal is
+    sent again from a thread a moment later, so that its handler runs in the main code, not in the callback (were
+    it dropped again, this hook sends it again)."""
+    import threading
+
+    previous = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if not _is_interrupt(unraisable.exc_value):
+            previous(unraisable)  # a real error in a callback is still printed; a dropped stop is handled here
+            return
+        # to the main thread itself: a signal the process takes in another thread would wait for a blocking call
+        # of the main thread to return
+        threading.Timer(0.05, signal.pthread_kill, (threading.main_thread().ident, signal.SIGTERM)).start()
+
+    sys.unraisablehook = hook
+
+
+def _is_interrupt(error: BaseException | None) -> bool:
+    if isinstance(error, KeyboardInterrupt):
+        return True
+    dagster_errors = sys.modules.get("dagster._core.errors")  # Dagster raises its own, not a KeyboardInterrupt
+    return dagster_errors is not None and isinstance(error, dagster_errors.DagsterExecutionInterruptedError)
+
+
 def supervise(argv: list[str]) -> int:
     run_id = str(uuid.uuid4())
     env = {**os.environ, SUPERVISED: "1", RUN_ID: run_id, PARENT_PID: str(os.getpid())}
@@ -419,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if os.environ.get(SUPERVISED) == "1":
         signal.signal(signal.SIGTERM, _raise_interrupt)
+        redeliver_swallowed_interrupts()
     try:
         _die_with_parent()
         return args.fn(args)

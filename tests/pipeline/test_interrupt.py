@@ -78,3 +78,45 @@ def test_sigterm_stops_pivot_run_and_a_rerun_resumes(tmp_path, embedded_model_di
     n, distinct = con.sql(f"select count(*), count(distinct (turn_id, sample_index)) "
                           f"from read_parquet('{wh / 'rollouts' / 'part-*.parquet'}')").fetchone()
     assert n == distinct == n_turns * K
+
+
+# A child that takes SIGTERM the way a supervised worker does, then has Dagster's interrupt raised inside a weakref
+# callback (where Python prints "Exception ignored in ..." and drops it), and then works on: without the re-delivery
+# it runs until the timeout.
+SWALLOWED = r"""
+import gc, signal, sys, time, weakref
+from dagster._core.errors import DagsterExecutionInterruptedError
+from pivot_assets import cli
+
+signal.signal(signal.SIGTERM, cli._raise_interrupt)  # as in a supervised worker
+if sys.argv[1] == "redeliver":
+    cli.redeliver_swallowed_interrupts()
+
+class Node:
+    pass
+
+def interrupted_in_callback(ref):
+    raise DagsterExecutionInterruptedError()  # what Dagster's signal handler raises, here inside a GC callback
+
+node = Node()
+ref = weakref.ref(node, interrupted_in_callback)
+try:
+    dropped_at = time.monotonic()
+    del node
+    gc.collect()
+    for _ in range(100):  # work on (short sleeps: a signal that lands just before a long one waits for its end)
+        time.sleep(0.1)
+except KeyboardInterrupt:
+    sys.exit(7 if time.monotonic() - dropped_at < 5 else 8)  # 8: only once the sleep was over
+sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize("mode", ["redeliver", "plain"])
+def test_an_interrupt_dropped_inside_a_gc_callback_is_delivered_again(mode):
+    """The fresh-clone run of 931cdb9 lost a SIGTERM this way: the worker was killed instead of stopping."""
+    proc = subprocess.run([sys.executable, "-c", SWALLOWED, mode], capture_output=True, text=True, timeout=60)
+    if mode == "redeliver":  # handled: the work stops at once, and no traceback of the dropped interrupt is shown
+        assert proc.returncode == 7 and "Traceback" not in proc.stderr, (proc.returncode, proc.stderr)
+    else:  # the failure it fixes: Python drops the interrupt with a traceback, and the work goes on
+        assert proc.returncode == 0 and "Exception ignored" in proc.stderr, (proc.returncode, proc.stderr)
