@@ -70,14 +70,29 @@ def kill_parent_mid_run(argv: list[str], ready: Callable[[], bool], *, cwd=None,
 
 
 def still_alive(processes: list, within_s: float) -> list:
-    """The processes still alive `within_s` seconds from now (each killed after the wait, so a failing test leaves
-    none behind: they were started by the test's own `pivot run`)."""
+    """The processes still running `within_s` seconds from now (each killed after the wait, so a failing test leaves
+    none behind: they were started by the test's own `pivot run`). A zombie has exited: it only waits for its new
+    parent (init, once `pivot run` was killed) to reap it, which this machine's init does when it gets to it."""
     import psutil
 
-    _, alive = psutil.wait_procs(processes, timeout=within_s)
+    deadline = time.monotonic() + within_s
+    while True:
+        alive = [p for p in processes if _running(p)]
+        if not alive or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
     for p in alive:
         try:
             p.kill()
         except psutil.NoSuchProcess:
             pass
     return alive
+
+
+def _running(process) -> bool:
+    import psutil
+
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
