@@ -143,24 +143,11 @@ def _call_field(field: str) -> str:
     return f"CASE WHEN c.function IS NOT NULL THEN c.function.{field} ELSE c.{field} END"
 
 
-# A flat JSON object the SQL can canonicalize itself (most tool calls: a few keys with plain strings, small integers,
-# booleans or null): keys of word characters (their sort order is the same in DuckDB and Python), strings without
-# escapes or control characters, integers that neither side can round, JSON whitespace only. json() minifies it;
-# with its keys already sorted and distinct that is exactly canonical_json's text.
-_JSON_SPACE = r"[ \t\n\r]*"
-_FLAT_SCALAR = r'(?:"[^"\\\x00-\x1f]*"|true|false|null|0|-?[1-9][0-9]{0,14})'
-_FLAT_MEMBER = rf'"[A-Za-z0-9_]+"{_JSON_SPACE}:{_JSON_SPACE}{_FLAT_SCALAR}{_JSON_SPACE}'
-FLAT_OBJECT = _sql_str(rf"\{{{_JSON_SPACE}(?:{_FLAT_MEMBER}(?:,{_JSON_SPACE}{_FLAT_MEMBER})*)?\}}")
-
-
 def _canonical_arguments(text: str) -> str:
-    """formats._arguments on the arguments' text: a flat object with sorted keys in SQL (FLAT_OBJECT), the rest in a
-    Python column function (7 us a call, cheaper than parsing into a MAP and sorting in SQL). Null when it fails,
-    or when DuckDB may have rounded a number (MAYBE_ROUNDED): the record is then handed back."""
-    keys = f"json_keys({text})"
-    return (f"CASE WHEN regexp_full_match(coalesce({text}, ''), {FLAT_OBJECT}) AND list_sort({keys}) = {keys} "
-            f"AND len(list_distinct({keys})) = len({keys}) THEN CAST(json({text}) AS VARCHAR) "
-            f"WHEN NOT regexp_matches(coalesce({text}, ''), {MAYBE_ROUNDED}) THEN pivot_canonical_arguments({text}) END")
+    """formats._arguments on the arguments' text (a Python column function: 7 us a call, cheaper than parsing
+    into a MAP and sorting in SQL). Null when it fails, or when DuckDB may have rounded a number (MAYBE_ROUNDED):
+    the record is then handed back."""
+    return f"CASE WHEN NOT regexp_matches(coalesce({text}, ''), {MAYBE_ROUNDED}) THEN pivot_canonical_arguments({text}) END"
 
 
 def _sorted_message(m: str) -> str:

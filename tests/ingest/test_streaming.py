@@ -192,48 +192,6 @@ def test_sql_adapter_accepts_the_plain_cases_and_hands_back_the_rest(tmp_path):
     assert not accepted & handed_back, sorted(accepted & handed_back)
 
 
-# (arguments text, whether SQL canonicalizes it itself): flat objects with sorted, distinct word keys and plain
-# scalars stay in SQL; everything else goes to Python (or, when a number may be rounded, the record is handed back)
-ARGUMENT_TEXTS = [
-    ('{"a": "x", "b": 1, "c": true, "d": null, "e": false, "f": -12, "g": 0}', True),
-    ('{}', True), ('{ }', True), ('{\t"a"\n:\r"x" }', True), ('{"a": "caf\u00e9 \u4e2d \u2028 / \u007f"}', True),
-    ('{"a_1": "x", "a_2": "y", "b": 123456789012345}', True),
-    ('{"b": "x", "a": 1}', False),  # unsorted keys
-    ('{"a": 1, "a": 2}', False),  # duplicate keys: Python keeps the last
-    ('{"B": 1, "a": 2}', True), ('{"a": 1, "B": 2}', False),  # code point order, as Python sorts
-    ('{"\u00e9": 1}', False), ('{"a b": 1}', False), ('{"a\\u0062": 1}', False),  # keys: non-word or escaped
-    ('{"a": "x\\ny"}', False), ('{"a": "say \\"hi\\""}', False), ('{"a": "tab\\u0009"}', False),  # escapes
-    ('{"a": "raw\ttab"}', False),  # a raw control character: not JSON for Python
-    ('{"a": 007}', False), ('{"a": -0}', False), ('{"a": 1.5}', False), ('{"a": 1e5}', False),
-    ('{"a": 1234567890123456}', False), ('{"a": [1, 2]}', False), ('{"a": {"b": 1}}', False),
-    ('{\f"a": 1}', False), ('', False), ('  ', False), ('[1]', False), ('"x"', False), ('{"a": 1,}', False),
-    ('{"a" 1}', False), ('not json', False),
-]
-
-
-def test_flat_arguments_are_canonicalized_in_sql_exactly_like_the_reference():
-    """The SQL fast path for tool-call arguments gives formats._arguments' text, and only takes the cases it can
-    prove: the Python column function is swapped for one that marks what it returns."""
-    from duckdb.sqltypes import VARCHAR
-
-    con = chat_sql.connect()
-    con.remove_function("pivot_canonical_arguments")
-    con.create_function("pivot_canonical_arguments",
-                        lambda values: pa.array([None if v is None else "python:" + v
-                                                 for v in chat_sql.canonical_arguments_column(values).to_pylist()]),
-                        [VARCHAR], VARCHAR, type="arrow", null_handling="special")
-    con.register("texts", pa.table({"t": [t for t, _ in ARGUMENT_TEXTS]}))
-    got = [r[0] for r in con.execute(f"SELECT {chat_sql._canonical_arguments('t')} FROM texts").fetchall()]
-    for (text, in_sql), value in zip(ARGUMENT_TEXTS, got):
-        try:
-            expected = formats._arguments(text, "")
-        except formats.RecordError:
-            expected = None
-        assert (value is not None and not value.startswith("python:")) == in_sql, (text, value)
-        assert value is None or value.removeprefix("python:") == expected, (text, value, expected)
-        assert value is not None or expected is None or not in_sql, (text, value)
-
-
 def test_forced_other_format_skips_the_sql_adapter(tmp_path):
     path = write_lines(tmp_path / "chat.jsonl", [OPENAI_RECORD])
     counts = assert_same_as_reference([{"path": str(path), "format": "tau2"}])
