@@ -36,7 +36,7 @@ class Accepted(NamedTuple):
     """The accepted values of one argument of an expected call (its `acceptable` list)."""
 
     values: tuple  # accepted values in canonical form (JSON in strings decoded), the omit marker left out
-    keys: frozenset  # canonical JSON text of each value as given: a candidate value written the same is accepted
+    keys: frozenset  # canonical JSON text of each value as given (dicts aside): a value written the same is accepted
     omittable: bool  # the list holds "" (BFCL's marker): the argument may be left out
 
 
@@ -134,12 +134,17 @@ def parse_acceptable(acceptable: Any, call: Call, where: str) -> dict[str, Accep
         if not isinstance(options, list) or not options:
             raise ParseError(f"{where} {call.name!r}: acceptable[{arg!r}] must be a non-empty list of accepted values")
         as_given = [v for v in options if not (isinstance(v, str) and v == OMITTABLE)]
-        out[arg] = Accepted(tuple(canonicalize(v) for v in as_given), frozenset(canonical_key(v) for v in as_given),
-                            len(as_given) < len(options))
+        # A dict among the values lists accepted values per key (a pattern), so it is never a value as written.
+        literal = frozenset(canonical_key(v) for v in as_given if not _holds_dict(v))
+        out[arg] = Accepted(tuple(canonicalize(v) for v in as_given), literal, len(as_given) < len(options))
     unlisted = sorted(set(call.args) - set(out))
     if unlisted:
         raise ParseError(f"{where} {call.name!r}: argument {unlisted[0]!r} is not in acceptable")
     return out
+
+
+def _holds_dict(value: Any) -> bool:
+    return isinstance(value, dict) or (isinstance(value, list) and any(_holds_dict(v) for v in value))
 
 
 def _expected_call(obj: dict, where: str) -> Call:

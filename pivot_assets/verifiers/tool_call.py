@@ -8,7 +8,8 @@ A candidate call is accepted when it is the same tool with equivalent arguments:
    `"[0.8, 0.7]"` for an array), whatever the other arguments are;
 4. argument-by-argument comparison (optional arguments equal to their schema default count as absent):
    MISSING_ARGUMENT / EXTRA_ARGUMENT / ARGUMENT_VALUE_DIFFERENT. Integers compare exactly, other numbers with a
-   tight relative tolerance. A string constrained by an enum compares exactly; arithmetic strings
+   tight relative tolerance. A string constrained by an enum is the member it spells under the `strings` rule
+   (exact by default: an enum member as written); arithmetic strings
    (`calculate`: "175 + 200") are parsed safely and compared by structure (arithmetic.py: a changed number is
    FACT_MISMATCH); free text (a message, a query, a description: arguments.py decides from the schema, the
    argument's name and the value's shape) must state the same facts as the expert's (facts.py; `facts: exact
@@ -64,6 +65,10 @@ class SchemaInfo(NamedTuple):
     def validator(self) -> Any:
         """Compiled jsonschema validator (None when the schema itself is invalid); built on first use."""
         return compiled_validator(self.key)
+
+    @property
+    def has_enum(self) -> bool:
+        return '"enum"' in self.key
 
     @property
     def props(self) -> dict:
@@ -152,8 +157,11 @@ def find_schema(tools: Any, name: str) -> SchemaInfo | None:
     return schema_info(key) if key else None
 
 
-def _validation_error(info: SchemaInfo, args: Any) -> str | None:
-    error = jsonschema.exceptions.best_match(info.validator.iter_errors(args))
+def _validation_error(info: SchemaInfo, args: Any, trusted: frozenset = frozenset()) -> str | None:
+    errors = info.validator.iter_errors(args)
+    if trusted:
+        errors = (e for e in errors if not (e.absolute_path and e.absolute_path[0] in trusted))
+    error = jsonschema.exceptions.best_match(errors)
     if error is None:
         return None
     where = "/".join(str(p) for p in error.absolute_path) or "arguments"
@@ -161,18 +169,22 @@ def _validation_error(info: SchemaInfo, args: Any) -> str | None:
 
 
 @lru_cache(maxsize=16384)
-def _validation_error_cached(schema_key: str, args_key: str) -> str | None:
-    return _validation_error(schema_info(schema_key), json.loads(args_key))
+def _validation_error_cached(schema_key: str, args_key: str, trusted: frozenset) -> str | None:
+    return _validation_error(schema_info(schema_key), json.loads(args_key), trusted)
 
 
-def validate_args(info: SchemaInfo, raw_args: Any) -> str | None:
-    """First schema violation of the arguments as sent (before JSON-in-string decoding), or None."""
+def validate_args(info: SchemaInfo, raw_args: Any, trusted: frozenset = frozenset()) -> str | None:
+    """First schema violation of the arguments as sent (before JSON-in-string decoding), or None.
+
+    trusted: arguments whose values the expected action lists literally; violations inside them are the
+    data's, not the candidate's, and are not reported.
+    """
     if not isinstance(raw_args, dict) or info.validator is None:
         return None
     args_key = canonical_key(raw_args)
     if len(args_key) > _MAX_CACHED_ARGS:  # do not pin megabytes in the LRU
-        return _validation_error(info, raw_args)
-    return _validation_error_cached(info.key, args_key)
+        return _validation_error(info, raw_args, trusted)
+    return _validation_error_cached(info.key, args_key, trusted)
 
 
 def _short(value: Any, n: int = 60) -> str:
@@ -195,8 +207,21 @@ def _sub_schema(prop: Any, key: str | int) -> Any:
     return props.get(key) if isinstance(props, dict) else None
 
 
+def _required(info: SchemaInfo | None) -> frozenset:
+    required = info.schema.get("required") if info is not None else None
+    return frozenset(r for r in required if isinstance(r, str)) if isinstance(required, list) else frozenset()
+
+
+def _value_text(value: Any, n: int = 40) -> str:
+    """A value for a detail: a string quoted, anything else as JSON; cut at n characters."""
+    if isinstance(value, str):
+        return _short(value, n)
+    text = canonical_json(value)
+    return text if len(text) <= n else text[:n] + "..."
+
+
 def _accepted_text(accepted: Accepted) -> str:
-    shown = ", ".join(_short(v, 40) for v in accepted.values[:5])
+    shown = ", ".join(_value_text(v) for v in accepted.values[:5])
     more = f" (+{len(accepted.values) - 5} more)" if len(accepted.values) > 5 else ""
     return (shown or "none") + more + (" or omitted" if accepted.omittable else "")
 
@@ -226,7 +251,8 @@ class ToolCallVerifier(Verifier):
         "text_threshold": Param("float", 0.5, lo=0.0, hi=1.0),
         "text_verifier": Param("spec", None),
         # String values that are not free text: exact (whitespace runs and typographic quotes aside), casefold,
-        # or bfcl (BFCL's standardize_string). A value constrained by the tool's enum is compared exactly.
+        # or bfcl (BFCL's standardize_string). A value constrained by the tool's enum is read as the member it
+        # spells under the rule (as written when it spells none, or several), then compared and validated.
         "strings": Param("str", "exact", choices=STRING_RULES),
         "free_text_threshold": Param("float", 0.75, lo=0.0, hi=1.0),
         "free_text_min_words": Param("int", 3, lo=1),
@@ -298,11 +324,13 @@ class ToolCallVerifier(Verifier):
                     return err
         return None
 
-    def _validated(self, info: SchemaInfo | None, candidate: Call, detail: str) -> Score:
+    def _validated(self, info: SchemaInfo | None, candidate: Call, detail: str,
+                   trusted: frozenset = frozenset()) -> Score:
         """A call found equivalent must also be one the tool accepts. Validated last, so the cheaper and more
         specific reasons above explain wrong calls, and the validator runs only on would-be passes."""
         if info is not None and self.config["validate_schema"]:
-            err = validate_args(info, candidate.raw)
+            raw = self._as_enum_members(candidate.raw, info.schema) if info.has_enum else candidate.raw
+            err = validate_args(info, raw, trusted)
             if err:
                 return Score(0.0, Reason.SCHEMA_INVALID, err)
         return Score(1.0, Reason.OK, detail)
@@ -327,12 +355,14 @@ class ToolCallVerifier(Verifier):
                          f"(accepted arguments: {', '.join(sorted(acceptable)) or 'none'})")
         defaults = info.defaults if (info is not None and self.config["drop_schema_defaults"]) else {}
         props = info.props if info is not None else {}
+        required = _required(info) if self.config["validate_schema"] else frozenset()
         for arg, accepted in acceptable.items():
-            if arg in args or arg in self._ignored or accepted.omittable:
+            if arg in args or arg in self._ignored or (accepted.omittable and arg not in required):
                 continue
             if not (arg in defaults and self._accepts(accepted, loads_canonical(defaults[arg]), arg, props.get(arg))):
+                why = "required by the tool, " if accepted.omittable else ""
                 return Score(0.0, Reason.MISSING_ARGUMENT,
-                             f"missing argument {arg!r} (accepted: {_accepted_text(accepted)})")
+                             f"missing argument {arg!r} ({why}accepted: {_accepted_text(accepted)})")
         raw = candidate.raw if isinstance(candidate.raw, dict) else {}
         inexact = [a for a in sorted(args) if canonical_key(raw.get(a)) not in acceptable[a].keys]
         err = self._type_error(candidate, info, inexact)
@@ -344,10 +374,11 @@ class ToolCallVerifier(Verifier):
                 continue
             if not self._accepts(accepted, args[arg], arg, props.get(arg)):
                 return Score(0.0, Reason.ARGUMENT_VALUE_DIFFERENT,
-                             f"{arg}: got {_short(args[arg])}, accepted: {_accepted_text(accepted)}")
+                             f"{arg}: got {_value_text(args[arg], 60)}, accepted: {_accepted_text(accepted)}")
         if not inexact:
             return Score(1.0, Reason.OK, "accepted values")  # every value written as the data lists it
-        return self._validated(info, candidate, "accepted after normalization")
+        # Values written as the data lists them are the data's: their schema violations are not the candidate's.
+        return self._validated(info, candidate, "accepted after normalization", frozenset(set(args) - set(inexact)))
 
     def _accepts(self, accepted: Accepted, value: Any, arg: str, prop: Any) -> bool:
         return any(self._match(option, value, arg, prop, arg) is None for option in accepted.values)
@@ -369,7 +400,7 @@ class ToolCallVerifier(Verifier):
                 sub = _sub_schema(prop, key)
                 if not any(self._match(v, value[key], where, sub, key) is None for v in values):
                     return Reason.ARGUMENT_VALUE_DIFFERENT, (
-                        f"{where}: got {_short(value[key])}, accepted: {', '.join(_short(v, 40) for v in values)}")
+                        f"{where}: got {_value_text(value[key], 60)}, accepted: {', '.join(map(_value_text, values))}")
             return None
         if isinstance(option, list) and isinstance(value, list) and any(isinstance(o, dict) for o in option):
             if len(option) != len(value):
@@ -437,10 +468,13 @@ class ToolCallVerifier(Verifier):
     def _compare_strings(self, exp: str, cand: str, path: str, prop: Any, name: str) -> tuple[str, str] | None:
         if exp == cand:
             return None
-        if isinstance(prop, dict) and isinstance(prop.get("enum"), list):
-            # The enum lists the spellings the tool takes: another one is another value, or none.
-            if self.config["validate_schema"] and cand not in prop["enum"]:
-                return Reason.SCHEMA_INVALID, f"{path}: {_short(cand)} is not one of {_short(prop['enum'], 80)}"
+        enum = prop.get("enum") if isinstance(prop, dict) else None
+        if isinstance(enum, list):  # the enum lists the spellings the tool takes
+            exp, cand = self._enum_member(exp, enum), self._enum_member(cand, enum)
+            if exp == cand:
+                return None
+            if self.config["validate_schema"] and cand not in enum:
+                return Reason.SCHEMA_INVALID, f"{path}: {_short(cand)} is not one of {_short(enum, 80)}"
             return Reason.ARGUMENT_VALUE_DIFFERENT, f"{path}: expected {_short(exp)}, got {_short(cand)}"
         if self.config["arithmetic"]:
             expressions = parse_expression(exp), parse_expression(cand)
@@ -452,6 +486,26 @@ class ToolCallVerifier(Verifier):
         if n_words(cand) >= min_words and is_free_text(name, prop, exp, n_words(exp), min_words):
             return self._compare_free_text(exp, cand, path)
         return Reason.ARGUMENT_VALUE_DIFFERENT, f"{path}: expected {_short(exp)}, got {_short(cand)}"
+
+    def _enum_member(self, value: str, enum: list) -> str:
+        """The enum member `value` spells under the string rule; the value as written when none or several do."""
+        if value in enum:
+            return value
+        key = normalize_string(value, self._strings)
+        spelled = [m for m in enum if isinstance(m, str) and normalize_string(m, self._strings) == key]
+        return spelled[0] if len(spelled) == 1 else value
+
+    def _as_enum_members(self, value: Any, prop: Any) -> Any:
+        """`value` with every enum-constrained string replaced by the member it spells (what is validated)."""
+        if isinstance(value, str):
+            enum = prop.get("enum") if isinstance(prop, dict) else None
+            return self._enum_member(value, enum) if isinstance(enum, list) else value
+        if isinstance(value, dict):
+            return {k: self._as_enum_members(v, _sub_schema(prop, k)) for k, v in value.items()}
+        if isinstance(value, list):
+            items = _sub_schema(prop, 0)
+            return [self._as_enum_members(v, items) for v in value]
+        return value
 
     def _compare_free_text(self, exp: str, cand: str, path: str) -> tuple[str, str] | None:
         """Free text: the same facts (unless facts: ignore), then similarity of the rest above the threshold."""
