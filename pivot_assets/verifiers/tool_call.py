@@ -31,6 +31,7 @@ is FACT_MISMATCH however similar its wording.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from functools import lru_cache
 from typing import Any, NamedTuple
@@ -595,6 +596,8 @@ def numbers_equal(a: int | float, b: int | float, tolerance: float) -> bool:
     if isinstance(a, int) and isinstance(b, int):
         return False
     try:
+        if not (math.isfinite(a) and math.isfinite(b)):  # JSON's NaN/Infinity: only equal to themselves
+            return False
         return abs(a - b) <= tolerance * max(abs(a), abs(b))
     except OverflowError:
         return False

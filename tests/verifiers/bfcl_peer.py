@@ -50,7 +50,12 @@ ACCEPTED_KINDS = ("reference", "argument order", "call order", "another listed v
 REJECTED_KINDS = ("wrong value", "float for int", "wrong function", "missing argument", "extra argument",
                   "wrong type", "missing call", "duplicated call")
 KINDS = ACCEPTED_KINDS + REJECTED_KINDS
-OMITTED = object()  # the changed argument was left out
+class _Omitted:
+    def __repr__(self) -> str:
+        return "OMITTED"
+
+
+OMITTED = _Omitted()  # the changed argument was left out
 
 # The documented policy differences between tool_call and BFCL's checker (README "Verifiers").
 POLICIES = {
@@ -256,8 +261,8 @@ def _punctuated(s: str) -> str:
     return s + "."
 
 
-def _is_present(_item, _name, _arg, value, _accepted) -> bool:
-    return value is not OMITTED
+def _holds_dict(value: Any) -> bool:
+    return isinstance(value, dict) or (isinstance(value, list) and any(_holds_dict(v) for v in value))
 
 
 def make_case(item: Item, kind: str, seed: int = 0) -> Case | None:
@@ -304,14 +309,14 @@ def make_case(item: Item, kind: str, seed: int = 0) -> Case | None:
         return Case(item, kind, _with(ref, i, arg, value), (i, arg, value))
 
     args_of = lambda i_arg: ref[i_arg[0]][1]  # noqa: E731
-    if kind == "another listed value":
+    if kind == "another listed value":  # a dict among the values lists values per key: a pattern, not a value
         got = pick(lambda it, n, a, v, acc: v is not OMITTED and any(
-            x != OMITTABLE and x != v and not isinstance(x, dict) for x in acc))
+            x != OMITTABLE and x != v and not _holds_dict(x) for x in acc))
         if got is None:
             return None
         value = args_of(got)[got[1]]
         return changed(got, rng.choice([x for x in _accepted(item, got[0])[got[1]]
-                                        if x != OMITTABLE and x != value and not isinstance(x, dict)]))
+                                        if x != OMITTABLE and x != value and not _holds_dict(x)]))
     if kind == "omitted optional":
         got = pick(lambda it, n, a, v, acc: v is not OMITTED and OMITTABLE in acc)
         return changed(got, OMITTED) if got else None

@@ -36,6 +36,7 @@ WRONG_VALUES = [
     ("small float doubled", "capacitance", 1e-7, 2e-7, {"type": "number"}),
     ("small float vs zero", "capacitance", 5e-7, 0, {"type": "number"}),
     ("a float's last digit", "rate", 0.0525, 0.0526, {"type": "number"}),
+    ("infinity is no large number", "limit", 1e308, float("inf"), {"type": "number"}),
     ("museum", "museum_name", "Metropolitan Museum of Art", "Metropolitan Museum of Norway", {"type": "string"}),
     ("law", "law", "Law of Universal Gravitation", "Law of marble Gravitation", {"type": "string"}),
     ("city", "location", "New York, New York", "New York, New Norway", {"type": "string"}),
