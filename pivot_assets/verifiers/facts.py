@@ -118,7 +118,7 @@ def _list_numbers(markers: list[re.Match], introduced: list[bool]) -> set[int]:
 def _introduced(text: str, marker: re.Match) -> bool:
     """A list item begins here: a colon or a bold heading before the number ("options: 1. ...", "**Flight 2** 1.
     ..."), or markup after it ("1. **A**", "1. `code`")."""
-    before = text[:marker.start()].rstrip(" \t")
+    before = text[max(0, marker.start() - 40):marker.start()].rstrip(" \t")
     return (before.endswith(("**", "__")) or before.rstrip("*_").endswith(":")
             or text[marker.end():].lstrip(" \t")[:1] in ("*", "_", "`"))
 
@@ -126,7 +126,8 @@ def _introduced(text: str, marker: re.Match) -> bool:
 def _drop_inline_list_numbers(text: str) -> str:
     """Mid-line list numbers removed when they continue a run 1, 2, ... (line-start ones count in the run), so
     a flattened list reads like the list. Any other number stays a fact: a changed one breaks the run."""
-    markers = [m for m in _LIST_NUMBER.finditer(text) if not _MONTH_BEFORE.search(text, 0, m.start())]
+    markers = [m for m in _LIST_NUMBER.finditer(text)
+               if not _MONTH_BEFORE.search(text, max(0, m.start() - 16), m.start())]
     numbers = _list_numbers(markers, [_introduced(text, m) for m in markers])
     if not numbers:
         return text
