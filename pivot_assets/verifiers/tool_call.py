@@ -354,16 +354,11 @@ class ToolCallVerifier(Verifier):
         if unlisted:
             return Score(0.0, Reason.EXTRA_ARGUMENT, f"unexpected argument {unlisted[0]!r} "
                          f"(accepted arguments: {', '.join(sorted(acceptable)) or 'none'})")
+        missing = self._missing_argument(acceptable, args, info)
+        if missing:
+            return Score(0.0, Reason.MISSING_ARGUMENT, missing)
         defaults = info.defaults if (info is not None and self.config["drop_schema_defaults"]) else {}
         props = info.props if info is not None else {}
-        required = _required(info) if self.config["validate_schema"] else frozenset()
-        for arg, accepted in acceptable.items():
-            if arg in args or arg in self._ignored or (accepted.omittable and arg not in required):
-                continue
-            if not (arg in defaults and self._accepts(accepted, loads_canonical(defaults[arg]), arg, props.get(arg))):
-                why = "required by the tool, " if accepted.omittable else ""
-                return Score(0.0, Reason.MISSING_ARGUMENT,
-                             f"missing argument {arg!r} ({why}accepted: {_accepted_text(accepted)})")
         raw = candidate.raw if isinstance(candidate.raw, dict) else {}
         inexact = [a for a in sorted(args) if canonical_key(raw.get(a)) not in acceptable[a].keys]
         err = self._type_error(candidate, info, inexact)
@@ -380,6 +375,20 @@ class ToolCallVerifier(Verifier):
             return Score(1.0, Reason.OK, "accepted values")  # every value written as the data lists it
         # Values written as the data lists them are the data's: their schema violations are not the candidate's.
         return self._validated(info, candidate, "accepted after normalization", frozenset(set(args) - set(inexact)))
+
+    def _missing_argument(self, acceptable: dict[str, Accepted], args: dict, info: SchemaInfo | None) -> str | None:
+        """The first listed argument left out that may not be: its list lacks `""` (or the tool requires it),
+        and its schema default, which omitting it means, is not one of its accepted values."""
+        defaults = info.defaults if (info is not None and self.config["drop_schema_defaults"]) else {}
+        props = info.props if info is not None else {}
+        required = _required(info) if self.config["validate_schema"] else frozenset()
+        for arg, accepted in acceptable.items():
+            if arg in args or arg in self._ignored or (accepted.omittable and arg not in required):
+                continue
+            if not (arg in defaults and self._accepts(accepted, loads_canonical(defaults[arg]), arg, props.get(arg))):
+                why = "required by the tool, " if accepted.omittable else ""
+                return f"missing argument {arg!r} ({why}accepted: {_accepted_text(accepted)})"
+        return None
 
     def _accepts(self, accepted: Accepted, value: Any, arg: str, prop: Any) -> bool:
         return any(self._match(option, value, arg, prop, arg) is None for option in accepted.values)
