@@ -19,7 +19,16 @@ OMITTABLE = ""  # BFCL's marker, in a list of accepted values, for "the argument
 
 
 class BFCLError(ValueError):
-    """A BFCL item that cannot be turned into tools or an action (the reason becomes a quarantine row)."""
+    """A BFCL item that cannot be turned into tools or an action (the reason becomes a quarantine row).
+    The message is "category: detail", as a quarantine reason is."""
+
+    @property
+    def category(self) -> str:
+        return str(self).split(":", 1)[0]
+
+    @property
+    def detail(self) -> str:
+        return str(self).split(":", 1)[-1].strip()
 
 
 def json_schema(node: Any) -> Any:
