@@ -47,6 +47,10 @@ SELECT = ("trajectories,turns,sft_policy,rollouts,rollout_rewards,turn_profiles,
 # One H100-class GPU, bf16 (an H200 has the same FLOP/s and 4.8 TB/s). Prefill is compute-bound: 2 x params FLOPs a
 # token at PREFILL_MFU of peak. Decode is bandwidth-bound: each generated token reads its sequence's KV cache
 # (the K samples of a turn do not share reads) plus the weights once per step of a DECODE_BATCH-sequence batch.
+PARAMS = 134.5e6  # SmolLM2-135M
+# causal prefill attention of an L-token prompt: QK^T and PV, 2 FLOPs a multiply-add, half the square: 2 x L^2 x
+# head_dim x heads x layers (SmolLM2-135M: 64 x 9 x 30)
+ATTENTION_FLOPS_PER_SQUARED_TOKEN = 2 * 64 * 9 * 30
 GPU_ASSUMPTIONS = {"name": "H100 SXM (bf16)", "peak_tflops": 989.0, "prefill_mfu": 0.4, "hbm_tbps": 3.35,
                    "bandwidth_efficiency": 0.6, "decode_batch": 256, "k": 8}
 
@@ -129,12 +133,14 @@ def measure(dataset: str, work: Path) -> dict:
     profiled = set(profiles["turn_id"].to_list())
 
     prompt_ids, action_tokens, unique_all = prompt_stats(tok, trajectories, turns.to_dicts())
-    unique_profiled = 0
+    unique_profiled = attention_flops = 0
     for _, group in turns.filter(pl.col("turn_id").is_in(sorted(profiled))).group_by("trajectory_id", maintain_order=True):
         previous = []
         for turn_id in group["turn_id"].to_list():
-            unique_profiled += len(prompt_ids[turn_id]) - common_prefix_len(previous, prompt_ids[turn_id])
-            previous = prompt_ids[turn_id]
+            ids, shared = prompt_ids[turn_id], common_prefix_len(previous, prompt_ids[turn_id])
+            unique_profiled += len(ids) - shared
+            attention_flops += ATTENTION_FLOPS_PER_SQUARED_TOKEN * (len(ids) ** 2 - shared ** 2)
+            previous = ids
 
     rollouts = wh.read("rollouts")
     rewards = Counter(wh.read("rollout_rewards")["reason"].to_list()).most_common()
@@ -170,6 +176,8 @@ def measure(dataset: str, work: Path) -> dict:
         "actions_over_max_new": sum(a > cfg.policy.max_new_tokens for a in action_tokens),
         "unique_prefix_all": unique_all, "unique_prefix_profiled": unique_profiled,
         "prompt_tokens_profiled_sum": sum(len(prompt_ids[t]) for t in profiled),
+        "prompt_tokens_all_sum": sum(len(v) for v in prompt_ids.values()),
+        "prefill_attention_flops": attention_flops, "matmul_gflops_bf16": matmul_gflops(),
         "rollouts": {"rows": rollouts.height, "completion_tokens": int(rollouts["n_completion_tokens"].sum()),
                      "finish": dict(Counter(rollouts["finish_reason"].to_list()))},
         "rollouts_meta": {k: v for k, v in meta.items() if isinstance(v, (int, float, str))},
@@ -223,7 +231,7 @@ def measure_only(tok, path: Path, context: int) -> dict:
 def gpu_estimate(turns: int, unique_prefix: int, mean_prompt: float, mean_completion: float) -> dict:
     """Seconds one GPU would take to profile `turns` turns at K=GPU_ASSUMPTIONS['k'] (module docstring)."""
     g = GPU_ASSUMPTIONS
-    params = 134.5e6  # SmolLM2-135M
+    params = PARAMS
     kv_bytes_per_token = 30 * 2 * 3 * 64 * 2  # layers x (K, V) x KV heads x head dim x bf16
     decode_tokens = turns * g["k"] * mean_completion
     prefill_s = 2 * params * unique_prefix / (g["peak_tflops"] * 1e12 * g["prefill_mfu"])
@@ -231,6 +239,19 @@ def gpu_estimate(turns: int, unique_prefix: int, mean_prompt: float, mean_comple
     decode_s = decode_tokens * bytes_per_token / (g["hbm_tbps"] * 1e12 * g["bandwidth_efficiency"])
     return {"decode_tokens": decode_tokens, "mean_completion": mean_completion, "prefill_s": prefill_s,
             "decode_s": decode_s, "total_s": prefill_s + decode_s}
+
+
+def matmul_gflops(n: int = 1024, reps: int = 8) -> float:
+    """bf16 matmul GFLOP/s on one torch thread, measured now (what the FLOP floor divides by)."""
+    import torch
+
+    torch.set_num_threads(1)
+    a, b = torch.randn(n, n, dtype=torch.bfloat16), torch.randn(n, n, dtype=torch.bfloat16)
+    a @ b
+    start = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * n**3 * reps / (time.perf_counter() - start) / 1e9
 
 
 def cpu_estimate(m: dict) -> dict:
@@ -259,6 +280,9 @@ def section(m: dict) -> list[str]:
     samples = m["rollouts"]["rows"]
     wall = meta.get("wall_s") or steps.get("rollouts", 0.0)
     mean_completion = m["action_tokens"]["mean"]  # what an accurate policy writes (the expert action's length)
+    floor_tflop = (2 * PARAMS * (meta.get("prefill_tokens_computed", 0) + m["rollouts"]["completion_tokens"])
+                   + m["prefill_attention_flops"]) / 1e12
+    floor_s = floor_tflop * 1e3 / max(m["matmul_gflops_bf16"], 1e-9)
     cpu = cpu_estimate(m)
     gpu = gpu_estimate(f["turns"], m["unique_prefix_all"], m["prompt_tokens_all"]["mean"], mean_completion)
     p = m["policy"]
@@ -296,7 +320,12 @@ def section(m: dict) -> list[str]:
         f"({meta.get('prefill_tokens_computed', 0) / max(m['unique_prefix_profiled'], 1):.2f}x unique) |",
         f"| generated tokens | {m['rollouts']['completion_tokens']:,} (finish: {m['rollouts']['finish']}) |",
         f"| samples | {samples} ({samples / max(wall, 1e-9):.2f} samples/s, {wall / max(f['profiled'], 1):.1f} s a turn) |",
-        f"| unique prefix tokens of every turn (whole dataset) | {m['unique_prefix_all']:,} |",
+        f"| FLOP floor of the rollouts (2 x params x (prefill + generated) + prefill attention) | {floor_tflop:.1f} TFLOP: "
+        f"{floor_s:.0f} s at the {m['matmul_gflops_bf16']:.0f} GFLOP/s bf16 matmul measured at report time, vs "
+        f"{wall:.0f} s measured |",
+        f"| prompt tokens of every turn (whole dataset), summed / unique prefix | {m['prompt_tokens_all_sum']:,} / "
+        f"{m['unique_prefix_all']:,} ({m['prompt_tokens_all_sum'] / max(m['unique_prefix_all'], 1):.1f}x: what prefix "
+        "reuse saves on a full run) |",
         "", "| step | seconds |", "|---|---|",
     ]
     lines += [f"| {k} | {v:.0f} |" for k, v in sorted(steps.items(), key=lambda kv: -kv[1]) if v >= 0.5]
@@ -314,7 +343,8 @@ def section(m: dict) -> list[str]:
         f"({gpu['mean_completion']:.0f} a sample: the expert actions' mean) reading each sample's KV cache and the weights per "
         f"{g['decode_batch']}-sequence step at {g['bandwidth_efficiency']:.0%} of {g['hbm_tbps']} TB/s): prefill "
         f"{gpu['prefill_s']:.1f} s + decode {gpu['decode_s']:.0f} s = about {hours(gpu['total_s'])}, before model load "
-        "and scoring.",
+        "and scoring" + (f" ({m['over_context']} turns are longer than the embedded model's context: a longer-context "
+                         "model assumed for them)." if m["over_context"] else "."),
     ]
     for x in m["measure_only"]:
         gx = gpu_estimate(x["turns"], x["unique_prefix"], x["prompt_tokens"]["mean"], mean_completion)
@@ -338,7 +368,12 @@ def report(results: list[dict], out: Path) -> None:
              "every turn at 0 and select nothing. The warm-up trains on the trajectories outside the held-out split "
              "and profiling samples turns from all of them (limit_turns): on trained conversations, as in the demo.",
              "Timings are from a shared 2-core machine (other jobs running: see each load average); the lead reruns "
-             "benchmarks on a quiet machine.", ""]
+             "benchmarks on a quiet machine.", "",
+             "What the configs trade for a CPU: the SFT window (`sft.max_length` 1024) is shorter than every prompt here, "
+             "so the warm-up learns each expert action from the last 1k tokens of its state, without the tool list at "
+             "the start, while profiling shows the whole prompt; `limit_turns` takes turns by turn_id, which spreads "
+             "them over many trajectories, so the profiled prompts share no prefix (prefill = unique, and each turn "
+             "pays its whole prompt); the whole-dataset lines show what prefix reuse saves on a full run.", ""]
     for m in results:
         lines += section(m) + [""]
     out.write_text("\n".join(lines))
