@@ -124,13 +124,13 @@ def json_layout(path: Path) -> str:
             if line.strip():
                 first = line
                 break
-        if not first or not first.endswith(b"\n"):
-            return "document"  # one line only (or longer than the cap): nothing follows it
+        if not first or not first.endswith(b"\n") or not any(line.strip() for line in f):
+            return "document"  # one line only (or longer than the cap): nothing follows it, nothing to parse twice
         try:
             json.loads(first)
         except (ValueError, RecursionError):
             return "document"
-        return "lines" if any(line.strip() for line in f) else "document"
+        return "lines"
 
 
 def read_records(path: Path) -> list:
