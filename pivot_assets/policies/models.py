@@ -248,12 +248,32 @@ def configure_tokenizer(tokenizer, model: str, fmt: PromptFormat = PromptFormat(
         tokenizer.pad_token = tokenizer.eos_token
 
 
+_TOOL_KEYS, _FUNCTION_KEYS = ("type", "function"), ("name", "description", "parameters")
+TOOLS_RULE = "tools:openai-order"  # how tool schemas are laid out in prompts (part of template_hash)
+
+
+def openai_tool_order(tool: dict) -> dict:
+    """A tool schema with its keys in the order OpenAI-compatible servers render it: type, function {name,
+    description, parameters, then the rest}. vLLM and SGLang parse a request's tools into a pydantic model, which
+    fixes that order whatever the client sent; the warehouse stores canonical JSON (sorted keys), which rendered as
+    stored would give a local engine another prompt than a served one (measured: one token longer on vLLM's server).
+    Keys inside `parameters` keep their stored order, as the servers keep it."""
+    if not isinstance(tool, dict) or not isinstance(tool.get("function"), dict):
+        return tool
+    fn = tool["function"]
+    ordered_fn = {k: fn[k] for k in _FUNCTION_KEYS if k in fn} | {k: v for k, v in fn.items() if k not in _FUNCTION_KEYS}
+    return {k: tool[k] for k in _TOOL_KEYS if k in tool and k != "function"} | {"function": ordered_fn} | {
+        k: v for k, v in tool.items() if k not in _TOOL_KEYS}
+
+
 def render_chat(tokenizer, template_messages: list[dict], tools: list | None, *, add_generation_prompt: bool) -> str:
-    """The one rendering call: the tokenizer's resolved template with its format's variables (thinking switch).
+    """The one rendering call: the tokenizer's resolved template with its format's variables (thinking switch), tool
+    schemas in the order a server renders them (openai_tool_order).
 
     Every prompt (profiling, GRPO, evaluation, the OOD probe) and every SFT text goes through it."""
     fmt = getattr(tokenizer, "pivot_format", None) or PromptFormat()
-    return tokenizer.apply_chat_template(template_messages, tools=tools or None, tokenize=False,
+    tools = [openai_tool_order(t) for t in tools] if tools else None
+    return tokenizer.apply_chat_template(template_messages, tools=tools, tokenize=False,
                                          add_generation_prompt=add_generation_prompt, **fmt.template_kwargs)
 
 
@@ -321,9 +341,9 @@ def render_action(action: dict) -> str:
 
 
 def template_hash(model: str, chat_template: str = "auto") -> str:
-    """Hash of the template a model renders with under `chat_template`, and of the decoding rule."""
+    """Hash of the template a model renders with under `chat_template`, of the decoding rule and the tool layout."""
     text, _ = resolve_chat_template(model, chat_template)
-    return hashlib.sha256((text + "\0" + DECODE_RULE).encode()).hexdigest()[:16]
+    return hashlib.sha256((text + "\0" + DECODE_RULE + "\0" + TOOLS_RULE).encode()).hexdigest()[:16]
 
 
 def _weights_hash(model: str) -> str:

@@ -26,6 +26,8 @@ import os
 import time
 from typing import Iterator
 
+from pivot_assets.core.parallel import child_pids, reap_with_this_process
+
 from .base import GenerationRequest, Sample, SamplingConfig, new_stats, order_by_trajectory
 from .models import (
     PromptFormat,
@@ -90,8 +92,11 @@ class VLLMBackend:
 
         path = resolve_model_dir(model)
         args = {**engine_defaults(device, threads), **(engine_args or {})}
+        before = set(child_pids())
         # disable_log_stats=False: the engine's prompt/cached-token counters (prefix-cache statistics) are read
         self.llm = LLM(model=str(path), dtype=dtype, enable_prefix_caching=True, disable_log_stats=False, **args)
+        # the engine core (a spawned child) does not watch this process: it would outlive a kill -9 of it
+        self._dismiss_reaper = reap_with_this_process(sorted(set(child_pids()) - before))
         self.tokenizer = self.llm.get_tokenizer()
         configure_tokenizer(self.tokenizer, model, fmt)
         self.stop_ids = stop_token_ids(self.tokenizer, load_generation_config(path))
@@ -105,6 +110,7 @@ class VLLMBackend:
     def close(self) -> None:
         """Stop the engine core process now (it would otherwise go when this object is collected)."""
         self.llm.llm_engine.engine_core.shutdown()
+        self._dismiss_reaper()
 
     def prompt_ids(self, request: GenerationRequest) -> list[int]:
         """Token ids of a turn's rendered prompt (no extra BOS: the template carries its own markers)."""

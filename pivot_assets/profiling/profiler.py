@@ -477,8 +477,11 @@ class Profiler:
                 configure_torch(self.threads)
             backend = build_backend(self.policy, model=policy_model(self.policy, self.wh), threads=self.threads)
             progress = Progress(total=len(pending) * self.sampling.k, log=log)
-            stats.update(generate_rollouts(self.wh, backend, self.policy_fp, self.sampling,
-                                           generation_requests(self.wh, pending), progress, shard=self.shard))
+            try:
+                stats.update(generate_rollouts(self.wh, backend, self.policy_fp, self.sampling,
+                                               generation_requests(self.wh, pending), progress, shard=self.shard))
+            finally:  # an engine in its own processes (vLLM) stops here, not at exit (where it would hang the exit)
+                getattr(backend, "close", lambda: None)()
             stats.update({k: v for k, v in backend.stats.items() if isinstance(v, (int, float))})
         return stats
 

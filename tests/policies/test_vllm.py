@@ -19,7 +19,7 @@ import pytest
 
 from pivot_assets.core.ids import canonical_json
 from pivot_assets.policies.base import GenerationRequest, SamplingConfig
-from pivot_assets.policies.models import PromptFormat, policy_fingerprint
+from pivot_assets.policies.models import PromptFormat, openai_tool_order, policy_fingerprint
 from pivot_assets.policies.openai_backend import OpenAIBackend, choice_to_text, request_seed, to_openai_messages
 from tests.model_server import VLLM_TEST_ENGINE, vllm_serve
 
@@ -69,14 +69,16 @@ def test_prompt_token_ids_are_the_transformers_backends(engine, embedded_model_d
     expected = TransformersBackend(model=str(embedded_model_dir)).prompt_ids(pivot)
     assert engine.prompt_ids(pivot) == expected
     one = SamplingParams(max_tokens=1)
-    # vLLM's own renderer (LLM.chat: its message parsing, the tokenizer's template, its tokenization) agrees
-    chat = engine.llm.chat(to_openai_messages(pivot.messages), one, tools=STORED_TOOLS, use_tqdm=False)
+    # vLLM's own renderer (LLM.chat: its message parsing, the tokenizer's template, its tokenization) agrees, given the
+    # tools as its server passes them on (parsed into its pydantic model: type, function {name, description, ...})
+    served_tools = [openai_tool_order(t) for t in STORED_TOOLS]
+    chat = engine.llm.chat(to_openai_messages(pivot.messages), one, tools=served_tools, use_tqdm=False)
     assert list(chat[0].prompt_token_ids) == expected
     # also for a model's own template with thinking off (the template's enable_thinking switch)
     qwen = model_dir_with_template(embedded_model_dir, tmp_path / "qwen_like", QWEN_LIKE)
     fmt = PromptFormat("model", "off")
     expected = TransformersBackend(model=str(qwen), fmt=fmt).prompt_ids(pivot)
-    chat = engine.llm.chat(to_openai_messages(pivot.messages), one, tools=STORED_TOOLS, use_tqdm=False,
+    chat = engine.llm.chat(to_openai_messages(pivot.messages), one, tools=served_tools, use_tqdm=False,
                            chat_template=QWEN_LIKE, chat_template_kwargs=fmt.template_kwargs)
     assert list(chat[0].prompt_token_ids) == expected
     assert engine.tokenizer.decode(expected).endswith("<think>\n\n</think>\n\n")
@@ -99,18 +101,22 @@ def test_k_samples_per_turn_seeded_reruns_and_prefix_cache(engine):
         assert s.finish_reason in ("stop", "length") and "<|im_end|>" not in s.completion  # the stop token is cut
         assert s.finish_reason == "stop" or s.n_completion_tokens == SAMPLING.max_new_tokens
 
-    # prefix-cache statistics, from the engine's own counters: every child request's prompt is submitted, and
-    # the K children of a turn and turn a4 (which extends a2) are served from the cache
+    # prefix-cache statistics, from the engine's own counters: every child request's prompt is submitted; the
+    # cache serves whole blocks (128 tokens on the CPU), so each child recomputes at most its prompt's last block
     submitted = engine.stats["prompt_tokens_submitted"] - before["prompt_tokens_submitted"]
     cached = engine.stats["prompt_tokens_cached"] - before["prompt_tokens_cached"]
     computed = engine.stats["prefill_tokens_computed"] - before["prefill_tokens_computed"]
     assert submitted == SAMPLING.k * sum(prompt_len.values())
-    assert computed == submitted - cached and 0 < computed < sum(prompt_len.values())
+    assert computed == submitted - cached and 0 < computed < submitted
     assert engine.stats["turns"] - before["turns"] == len(requests)
     print(f"\nprefill: {computed} tokens computed of {submitted} submitted ({sum(prompt_len.values())} per-turn "
           f"prompt tokens, K={SAMPLING.k})")
 
+    before = dict(engine.stats)
     again = [s for b in engine.generate(requests, SAMPLING) for s in b]  # the same seeds: the same samples
+    block = engine.llm.llm_engine.vllm_config.cache_config.block_size
+    recomputed = engine.stats["prefill_tokens_computed"] - before["prefill_tokens_computed"]
+    assert 0 < recomputed <= SAMPLING.k * sum(n % block or block for n in prompt_len.values())  # the rest was cached
     assert {k: s.completion for k, s in _by_key(again).items()} == {k: s.completion for k, s in _by_key(first).items()}
     other = [s for b in engine.generate(requests, replace(SAMPLING, seed=8)) for s in b]
     assert {s.completion for s in other} != {s.completion for s in first}
