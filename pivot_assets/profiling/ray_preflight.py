@@ -78,7 +78,7 @@ def check_ray_head(cfg: PivotConfig, log=print, timeout_s: float = TIMEOUT_S) ->
     jobs, else return what it checked."""
     from ray.job_submission import JobSubmissionClient
 
-    from .ray_job import job_metadata, runtime_env
+    from .ray_job import runtime_env
 
     address = cfg.scale.ray_address or "$RAY_ADDRESS"
     try:
@@ -88,8 +88,8 @@ def check_ray_head(cfg: PivotConfig, log=print, timeout_s: float = TIMEOUT_S) ->
                            f"({START_HINT}) or fix scale.ray_address") from None
     entry = f"python -c {shlex.quote(_ENTRY)} {shlex.quote(json.dumps(cfg.model_dump(mode='json')))}"
     t0 = time.monotonic()
-    job = client.submit_job(entrypoint=entry, runtime_env=runtime_env(cfg),
-                            metadata={**job_metadata(cfg, None), "pivot_preflight": "1"})
+    # its own metadata: never taken for a shard's job (stop_earlier_jobs matches pivot_shard and pivot_warehouse)
+    job = client.submit_job(entrypoint=entry, runtime_env=runtime_env(cfg), metadata={"pivot_preflight": "1"})
     while not client.get_job_status(job).is_terminal():
         if time.monotonic() - t0 > timeout_s:
             client.stop_job(job)
