@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import time
+from contextlib import contextmanager
 from typing import Iterator
 
 from pivot_assets.core.parallel import child_pids, reap_with_this_process
@@ -59,18 +60,29 @@ def vllm_available() -> bool:
     return vllm_missing() is None
 
 
-def engine_defaults(device: str, threads: int) -> dict:
-    """vllm.LLM arguments per device. On a CPU the KV cache gets a fixed size (vLLM's default reserves 92% of the
-    machine's memory and refuses to start when that much is not free) and the engine core's OpenMP threads are
-    `threads`, unbound (vLLM binds them to fixed cores by default, where every engine on a shared box would pile
-    onto core 0); VLLM_CPU_OMP_THREADS_BIND / OMP_NUM_THREADS set by the user win."""
+def engine_defaults(device: str) -> dict:
+    """vllm.LLM arguments per device. On a CPU the KV cache gets a fixed size: vLLM's default reserves 92% of the
+    machine's memory and refuses to start when that much is not free."""
     if device.startswith("cuda"):
         return {"gpu_memory_utilization": 0.85}
     if device != "cpu":
         raise ValueError(f"policy.device {device!r}: the vllm backend runs on cpu or cuda")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads))  # read by the spawned engine core, not by this process
     return {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
+
+
+@contextmanager
+def engine_threads(device: str, threads: int):
+    """While the engine core is spawned (its environment is copied then), its OpenMP threads are `threads`, unbound:
+    vLLM binds them to fixed cores by default, where every engine on a shared box would pile onto core 0.
+    VLLM_CPU_OMP_THREADS_BIND / OMP_NUM_THREADS set by the user win; this process's environment is restored."""
+    wanted = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads)} if device == "cpu" else {}
+    added = {k: v for k, v in wanted.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
 
 
 class VLLMBackend:
@@ -91,10 +103,11 @@ class VLLMBackend:
         from vllm import LLM
 
         path = resolve_model_dir(model)
-        args = {**engine_defaults(device, threads), **(engine_args or {})}
+        args = {**engine_defaults(device), **(engine_args or {})}
         before = set(child_pids())
-        # disable_log_stats=False: the engine's prompt/cached-token counters (prefix-cache statistics) are read
-        self.llm = LLM(model=str(path), dtype=dtype, enable_prefix_caching=True, disable_log_stats=False, **args)
+        with engine_threads(device, threads):
+            # disable_log_stats=False: the engine's prompt/cached-token counters (prefix-cache statistics) are read
+            self.llm = LLM(model=str(path), dtype=dtype, enable_prefix_caching=True, disable_log_stats=False, **args)
         # the engine core (a spawned child) does not watch this process: it would outlive a kill -9 of it
         self._dismiss_reaper = reap_with_this_process(sorted(set(child_pids()) - before))
         self.tokenizer = self.llm.get_tokenizer()
