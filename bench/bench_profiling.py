@@ -294,7 +294,8 @@ def engines_side_by_side(args) -> None:
         "",
         f"{len(requests)} turns ({args.trajectories} tau2 airline trajectories cut after {args.turns or 'all'} assistant "
         f"turns), K={args.k}, max_new_tokens={args.max_new_tokens}, temperature 1.0, {dtype}; vLLM "
-        f"{'with torch.compile' if args.compile else 'eager'}, 1 engine-core thread. {describe_cpu()}. Load average "
+        f"{'with torch.compile' if args.compile else 'eager'}, {args.threads} engine-core thread(s); vllm "
+        f"{_version('vllm')}, transformers {_version('transformers')}. {describe_cpu()}. Load average "
         f"{load_start[0]:.1f} at the start, {load_end[0]:.1f} at the end (a shared machine: other jobs ran).",
         f"Prompt tokens summed per turn {total:,}; unique prefix tokens (the trie of each trajectory's prompts) {unique:,}.",
         "",
@@ -311,6 +312,12 @@ def engines_side_by_side(args) -> None:
     text = "\n".join(lines)
     print("\n" + text)
     write_section(text)
+
+
+def _version(package: str) -> str:
+    import importlib
+
+    return importlib.import_module(package).__version__
 
 
 def write_section(text: str) -> None:
