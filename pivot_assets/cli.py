@@ -18,6 +18,7 @@ from pathlib import Path
 
 SUPERVISED = "PIVOT_SUPERVISED"  # set in the child that does the work of `pivot run`
 RUN_ID = "PIVOT_RUN_ID"  # the Dagster run id the supervisor chose for that child
+RAY_HEAD_CHECKED = "PIVOT_RAY_HEAD_CHECKED"  # set by `pivot run` for its shard runs: the Ray head passed the preflight
 PARENT_PID = "PIVOT_PARENT_PID"  # set in a child of `pivot run` (the worker, a shard run): it dies with that parent
 # After SIGTERM, how long the child may take to stop cleanly before SIGKILL ($PIVOT_STOP_GRACE_S overrides).
 STOP_GRACE_S = float(os.environ.get("PIVOT_STOP_GRACE_S", "3"))
@@ -110,6 +111,10 @@ def _run_one_shard(args, cfg, defs, instance) -> int:
     keys = [k for k in parse_selection(defs, args.select) if graph.get(k).partitions_def is not None]
     if not keys:
         raise ValueError(f"--shard runs sharded assets only; {args.select!r} selects none")
+    if not os.environ.get(RAY_HEAD_CHECKED) and _submits_ray_jobs(cfg, {key: keys}):
+        from pivot_assets.profiling.ray_preflight import check_ray_head
+
+        check_ray_head(cfg, log=lambda line: print(line, file=sys.stderr))
     print(f"shard {key}: materializing {', '.join(k.to_user_string() for k in keys)}", file=sys.stderr)
     report = run_assets(defs, keys, instance, run_id=os.environ.get(RUN_ID), partition_key=key)
     return 0 if _print_report(report, f"shard {key} run") else 1
@@ -126,6 +131,10 @@ def _run_sharded(args, cfg, defs, instance, plan) -> int:
     fresh = sorted(set(plan.shards) - set(shards))
     if fresh:
         print(f"shards fresh, not run: {', '.join(fresh)} (`pivot run --shard NNN` forces one)", file=sys.stderr)
+    if _submits_ray_jobs(cfg, shards):
+        from pivot_assets.profiling.ray_preflight import check_ray_head
+
+        check_ray_head(cfg, log=lambda line: print(line, file=sys.stderr))
     failed = _shard_runs(args, cfg, shards)
     if failed:
         print(f"error: shard run(s) failed: {', '.join(failed)}; the assets after them were not run "
@@ -138,6 +147,11 @@ def _run_sharded(args, cfg, defs, instance, plan) -> int:
         Warehouse(cfg.warehouse_dir).refresh_views()
     print(f"warehouse: {cfg.warehouse_dir} (duckdb {cfg.warehouse_dir / 'pivot.duckdb'})")
     return 0
+
+
+def _submits_ray_jobs(cfg, shards: dict) -> bool:
+    """True when a shard run will submit a Ray job (engine ray, and `rollouts` among its assets)."""
+    return cfg.scale.engine == "ray" and any(k.to_user_string() == "rollouts" for keys in shards.values() for k in keys)
 
 
 def _shards_needing_a_run(defs, instance, shards: dict) -> dict:
@@ -156,6 +170,7 @@ def _shard_runs(args, cfg, shards: dict) -> list[str]:
     env = {k: v for k, v in os.environ.items() if k != RUN_ID}
     env[SUPERVISED] = "1"  # SIGTERM stops a shard run cleanly (Dagster records it as failed)
     env[PARENT_PID] = str(os.getpid())  # a shard run dies with this process, even on kill -9
+    env[RAY_HEAD_CHECKED] = "1"  # checked once above, not again by every shard run
     pending = list(shards.items())
     running: dict[str, tuple[subprocess.Popen, str]] = {}
     failed: list[str] = []

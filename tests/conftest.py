@@ -55,6 +55,18 @@ def shared_data_dir() -> Path:
     return SHARED_DATA
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `vllm` skip with one line where vLLM is not installed (`make setup-vllm` installs its CPU build)."""
+    marked = [item for item in items if item.get_closest_marker("vllm")]
+    if not marked:
+        return
+    from pivot_assets.policies.vllm_backend import vllm_missing
+
+    reason = vllm_missing()
+    for item in marked if reason else []:
+        item.add_marker(pytest.mark.skip(reason=reason))
+
+
 @pytest.fixture(autouse=True)
 def _no_inherited_pivot_config(monkeypatch):
     """`build_definitions` exports the config it loaded as $PIVOT_CONFIG (resources read it); within one

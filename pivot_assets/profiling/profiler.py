@@ -375,7 +375,7 @@ def policy_precision(policy: "PolicySection") -> Precision:
     """The dtype profiling samples in (a server decides its own: reported as such)."""
     if policy.backend == "openai":
         return Precision("server", policy.dtype, "server", "the server chooses its dtype")
-    return resolve_dtype(policy.dtype, "cuda" if policy.backend == "vllm" else policy.device)
+    return resolve_dtype(policy.dtype, policy.device)
 
 
 def policy_version(policy: "PolicySection", seeding: str = PER_TURN) -> str:
@@ -475,10 +475,13 @@ class Profiler:
 
             if self.policy.backend == "transformers":
                 configure_torch(self.threads)
-            backend = build_backend(self.policy, model=policy_model(self.policy, self.wh))
+            backend = build_backend(self.policy, model=policy_model(self.policy, self.wh), threads=self.threads)
             progress = Progress(total=len(pending) * self.sampling.k, log=log)
-            stats.update(generate_rollouts(self.wh, backend, self.policy_fp, self.sampling,
-                                           generation_requests(self.wh, pending), progress, shard=self.shard))
+            try:
+                stats.update(generate_rollouts(self.wh, backend, self.policy_fp, self.sampling,
+                                               generation_requests(self.wh, pending), progress, shard=self.shard))
+            finally:  # an engine in its own processes (vLLM) stops here, not at exit (where it would hang the exit)
+                getattr(backend, "close", lambda: None)()
             stats.update({k: v for k, v in backend.stats.items() if isinstance(v, (int, float))})
         return stats
 

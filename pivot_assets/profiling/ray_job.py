@@ -90,7 +90,8 @@ class ShardGenerator:
         if cfg.policy.backend == "transformers":
             configure_torch(cfg.runtime.threads)
         backend_at = time.time()
-        self.backend = build_backend(cfg.policy, model=policy_model(cfg.policy, self.profiler.wh))
+        self.backend = build_backend(cfg.policy, model=policy_model(cfg.policy, self.profiler.wh),
+                                     threads=cfg.runtime.threads)
         # when this actor's process started, entered __init__, began building the backend and was ready
         self.clock = {"process_at": process_started_at() or init_at, "init_at": init_at, "backend_at": backend_at,
                       "ready_at": time.time()}

@@ -223,12 +223,15 @@ def test_per_row_seeds_draw_what_one_call_per_sample_draws(backend):
 
 
 @pytest.mark.gpu
-def test_vllm_backend_samples_every_turn(embedded_model_dir):
-    from pivot_assets.policies.vllm_backend import VLLMBackend, vllm_available
+@pytest.mark.vllm
+def test_vllm_backend_samples_every_turn_on_a_gpu(embedded_model_dir):
+    """The CPU engine is tested in test_vllm.py; this is the same backend on a CUDA device."""
+    from pivot_assets.policies.vllm_backend import VLLMBackend
 
-    if not vllm_available():
-        pytest.skip("needs vllm (the [gpu] extra) and a CUDA device")
-    backend = VLLMBackend(model=str(embedded_model_dir), dtype="float32", gpu_memory_utilization=0.3)
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device (and vllm's CUDA build, the [gpu] extra)")
+    backend = VLLMBackend(model=str(embedded_model_dir), dtype="float32", device="cuda",
+                          engine_args={"gpu_memory_utilization": 0.3})
     samples = [s for b in backend.generate(_requests(), SamplingConfig(k=4, max_new_tokens=16)) for s in b]
     assert len(samples) == 3 * 4
     assert sorted({(s.turn_id, s.sample_index) for s in samples}) == sorted((t, i) for t in ("a2", "a4", "b1") for i in range(4))

@@ -100,6 +100,13 @@ def rollout_rows(wh: Warehouse, shard: int | None = None) -> tuple[int, int]:
                        f"from {read_sql(wh, 'rollouts', shard)}").fetchone()
 
 
+def shard_jobs(dashboard: str) -> list:
+    """The head's Ray jobs but the preflight checks (profiling/ray_preflight.py): the shard runs' jobs."""
+    from ray.job_submission import JobSubmissionClient
+
+    return [j for j in JobSubmissionClient(dashboard).list_jobs() if not (j.metadata or {}).get("pivot_preflight")]
+
+
 def materializations(asset: str) -> list:
     """Every materialization of `asset` in the current instance ($DAGSTER_HOME), newest first."""
     return dg.DagsterInstance.get().fetch_materializations(dg.AssetKey(asset), limit=1000).records

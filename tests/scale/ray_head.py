@@ -74,14 +74,17 @@ class RayHead:
 
 
 def start_ray_head(num_cpus: int = 2, timeout: float = 180, env: dict[str, str] | None = None,
-                   nice: int = 19) -> RayHead:
+                   nice: int = 19, venv_on_path: bool = True, without: tuple[str, ...] = ()) -> RayHead:
     """`nice`: the niceness of the head and every worker it starts (19: the tests yield to the rest of the box).
     `env`: added to the head's environment, which every Ray worker and job driver on it inherits (a job's
-    runtime_env, by contrast, is visible to anyone who can list the cluster's jobs)."""
+    runtime_env, by contrast, is visible to anyone who can list the cluster's jobs). `venv_on_path` False starts
+    this venv's `ray` with the venv off PATH (a job's `python` is then another one); `without`: variables removed."""
     gcs, dash, client, mgr, obj, agent_listen, agent_grpc, metrics, rtenv = free_ports(9)
     workers = free_port_range(40)
     temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
-    env = {**os.environ, **(env or {}), "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", "RAY_USAGE_STATS_ENABLED": "0"}
+    path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and Path(p) != VENV_BIN]
+    env = {**{k: v for k, v in os.environ.items() if k not in without and (venv_on_path or k != "VIRTUAL_ENV")}, **(env or {}),
+           "PATH": os.pathsep.join([str(VENV_BIN)] * venv_on_path + path), "RAY_USAGE_STATS_ENABLED": "0"}
     cmd = [str(VENV_BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
            f"--port={gcs}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--include-dashboard=true",
            f"--ray-client-server-port={client}", f"--node-manager-port={mgr}", f"--object-manager-port={obj}",

