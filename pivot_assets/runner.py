@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +63,27 @@ class RunReport:
     error: str | None = None
 
 
+def create_pools(instance: dg.DagsterInstance, pools: set[str], attempts: int = 5) -> None:
+    """Give each pool the job's steps claim its limit row before the run starts. Dagster inserts that row on a
+    step's first claim, and two runs claiming a new pool at once race on the insert in its Postgres storage (one
+    fails with a unique violation); here the loser retries and finds the row."""
+    from sqlalchemy.exc import DBAPIError
+
+    storage = instance.event_log_storage
+    if instance.global_op_concurrency_default_limit is None or not storage.supports_global_concurrency_limits:
+        return  # without a default limit a step's claim creates nothing
+    for pool in sorted(pools):
+        for attempt in range(attempts):
+            try:
+                if pool not in storage.get_concurrency_keys():
+                    storage.initialize_concurrency_limit_to_default(pool)
+                break
+            except DBAPIError:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(0.1 * (attempt + 1))
+
+
 def run_assets(defs: dg.Definitions, keys: list[dg.AssetKey], instance: dg.DagsterInstance,
                run_id: str | None = None, partition_key: str | None = None) -> RunReport:
     """One run of `keys` (of one shard's partition when partition_key is given)."""
@@ -74,6 +96,7 @@ def run_assets(defs: dg.Definitions, keys: list[dg.AssetKey], instance: dg.Dagst
     import sqlalchemy.orm  # noqa: F401
 
     prewarm()
+    create_pools(instance, job.graph.pools)
     # Dagster's console logger defaults to DEBUG (every engine event); stage progress lines are INFO.
     level = os.environ.get("PIVOT_LOG_LEVEL", "INFO").upper()
     token = process_token()

@@ -134,3 +134,22 @@ def test_two_shard_runs_at_once_share_a_postgres_instance(tmp_path, postgres, mo
 
     wh = Warehouse(load_config(tmp_path / "pivot.yaml").warehouse_dir)
     assert_exactly_turns_x_k(wh, 2, 8)
+
+
+def test_runs_starting_at_once_create_each_new_pool_once(tmp_path, postgres, monkeypatch):
+    """Many runs that start at once on a new pool: each creates the pool's limit row before its steps claim it, and
+    none fails on the insert the others made (a shard run failed that way with a unique violation)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pivot_assets.runner import create_pools
+
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(DAGSTER_YAML)
+    monkeypatch.setenv("PIVOT_DAGSTER_PG_URL", postgres["url"])
+    instances = [dg.DagsterInstance.from_config(str(home)) for _ in range(4)]
+    pools = {f"race_{i}" for i in range(10)}
+    with ThreadPoolExecutor(len(instances)) as pool:
+        list(pool.map(lambda inst: create_pools(inst, pools), instances))
+    limits = {key: instances[0].event_log_storage.get_concurrency_info(key).slot_count for key in pools}
+    assert limits == dict.fromkeys(pools, 1)  # the instance's default_limit, once per pool
