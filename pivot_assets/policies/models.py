@@ -217,6 +217,9 @@ def load_model(model: str = EMBEDDED, dtype: str = "float32", device: str = "cpu
 
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"dtype {dtype!r}: expected float32, bfloat16 or float16")
+    from .attention import install_packed_decode
+
+    install_packed_decode()
     path = resolve_model_dir(model)
     net = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).to(device).eval()
     return net, load_tokenizer(model, fmt)
