@@ -163,3 +163,16 @@ def test_decide_reports_why_each_turn_stops():
     assert flip["done"] == 0 and flip["easy"] == 0 and flip["zero"] < 0.05 < flip["open"] and flip["graded"] is None
     off = decide(counts, AdaptiveSection(enabled=False), 8, 0.6, None)
     assert off.stop_reason == ["k_reached", "unsettled", "unsettled", "unsettled", "unsettled"]
+
+
+def test_adaptive_needs_per_sample_seeds_and_the_local_engine():
+    from pivot_assets.core.config import ConfigError, load_config
+
+    on = {"adaptive": {"enabled": True}}
+    assert load_config(None, overrides={"profiling": on}).profiling.adaptive.enabled
+    with pytest.raises(ConfigError, match="seeding: per_sample"):
+        load_config(None, overrides={"profiling": {**on, "seeding": "per_turn"}})
+    with pytest.raises(ConfigError, match="local engine"):
+        load_config(None, overrides={"profiling": on, "scale": {"engine": "ray"}})
+    with pytest.raises(ConfigError, match="unknown key 'profiling.adaptive.epsilonn'"):
+        load_config(None, overrides={"profiling": {"adaptive": {"epsilonn": 0.1}}})
