@@ -176,6 +176,9 @@ def rules(k: int, round_size: int) -> list[tuple[str, dict | None, int]]:
     for eps in (0.05, 0.1, 0.2):  # training takes D_adv: only its membership must be settled
         out.append((f"posterior likelihood eps={eps} sets=[adv]",
                     {"rule": "posterior", "prior": "likelihood", "epsilon": eps, "sets": ["adv"]}, k))
+    for eps in (0.1, 0.2):  # the ceiling of a per-turn prior: the feature is the label's own pass rate
+        out.append((f"ceiling: oracle feature eps={eps}", {"rule": "posterior", "prior": "likelihood", "epsilon": eps,
+                                                           "oracle": True}, k))
     return out
 
 
@@ -184,13 +187,16 @@ def replay(rewards, tokens, prompt, likelihood, turns, cfg, k: int, label_k: int
     label = pivot_sets(rewards, {t: label_k for t in rewards}, turns, pivots)
     reference = pivot_sets(rewards, {t: k for t in rewards}, turns, pivots)
     logprob = {t: v[0] for t, v in likelihood.items()}
+    oracle = {t: float(np.log((sum(r) + 0.5) / (len(r) + 1))) for t, r in rewards.items()}
     rows = []
     for name, settings, budget in rules(k, round_size):
         if settings is None:
             used, stop = {t: budget for t in rewards}, None
         else:
+            settings = dict(settings)
+            feature = oracle if settings.pop("oracle", False) else logprob
             options = AdaptiveSection(enabled=True, round_size=round_size, **settings)
-            used = simulate({t: r[:budget] for t, r in rewards.items()}, options, budget, pivots.lambda_diff, logprob)
+            used = simulate({t: r[:budget] for t, r in rewards.items()}, options, budget, pivots.lambda_diff, feature)
             stop = {t: ("k_reached" if n >= budget else "settled") for t, n in used.items()}
         sets = pivot_sets(rewards, used, turns, pivots, stop)
         samples = sum(used.values())

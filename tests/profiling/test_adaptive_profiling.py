@@ -15,6 +15,7 @@ import pytest
 
 from pivot_assets.cli import main as pivot
 from pivot_assets.core.config import load_config
+from pivot_assets.profiling.adaptive import simulate
 from pivot_assets.profiling.profiler import Profiler, generation_requests, sample_seed
 from pivot_assets.verifiers import DomainVerifiers
 from tests.crashes import kill_run_after_first_part
@@ -108,6 +109,14 @@ def test_adaptive_is_a_prefix_of_exhaustive_and_a_rerun_adds_only_what_is_missin
     assert samples(root) == draws
     assert more.score()["rollouts_scored"] == TURNS * (K + 2) - len(got)  # each sample scored once
     assert sorted(more.profile().column("k").to_pylist()) == [K + 2] * TURNS
+    # the bench's replay (adaptive.simulate on the stored rewards) takes exactly the samples the rounds took
+    rewards: dict[str, list[float]] = {}
+    for t, _, r in duckdb.sql(f"select turn_id, sample_index, reward from read_parquet('{root}/wh/rollout_rewards/*.parquet') "
+                              "order by turn_id, sample_index").fetchall():
+        rewards.setdefault(t, []).append(r)
+    options = load_config(root / "pivot.yaml").pivots
+    replayed = simulate({t: r[:K] for t, r in rewards.items()}, adaptive.adaptive, K, options.lambda_diff)
+    assert replayed == {t: len(i) for t, i in per_turn.items()}
     likelihoods = duckdb.sql(f"select turn_id, count(*) from read_parquet('{root}/wh/expert_likelihoods/*.parquet') "
                              "group by turn_id").fetchall()
     assert len(likelihoods) == TURNS and all(n == 1 for _, n in likelihoods)  # once per turn, on its first round
