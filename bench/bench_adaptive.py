@@ -130,6 +130,22 @@ def prf(got: set[str], want: set[str]) -> tuple[float, float, float]:
     return p, r, (2 * p * r / (p + r) if p + r else 0.0)
 
 
+def f1_difference(got: set[str], base: set[str], want: set[str], turns: list[str], resamples: int = 2000,
+                  seed: int = 0) -> tuple[float, float]:
+    """95% paired-bootstrap interval (over turns) of F1(got) - F1(base) against `want`."""
+    rng = np.random.default_rng(seed)
+    g, b, w = (np.array([t in x for t in turns]) for x in (got, base, want))
+    idx = rng.integers(0, len(turns), (resamples, len(turns)))
+
+    def f1(pred):
+        tp = (pred[idx] & w[idx]).sum(1)
+        denominator = pred[idx].sum(1) + w[idx].sum(1)
+        return np.where(denominator > 0, 2 * tp / np.maximum(denominator, 1), 1.0)
+
+    diff = f1(g) - f1(b)
+    return float(np.quantile(diff, 0.025)), float(np.quantile(diff, 0.975))
+
+
 def agreement(a: set[str], b: set[str], universe: int) -> float:
     """Share of the turns whose membership is the same in both sets."""
     return 1 - len(a ^ b) / universe if universe else 1.0
@@ -166,7 +182,7 @@ def likelihood_report(rewards: dict, likelihood: dict) -> dict:
 
 # -- the replay -------------------------------------------------------------------------------------------------
 def rules(k: int, round_size: int) -> list[tuple[str, dict | None, int]]:
-    """(name, adaptive settings or None for exhaustive, budget k)."""
+    """(name, adaptive settings or None for exhaustive, budget = policy.k)."""
     out: list[tuple[str, dict | None, int]] = [(f"exhaustive K={k}", None, k), (f"exhaustive K={k // 2}", None, k // 2)]
     out.append((f"exact r={round_size}", {"rule": "exact"}, k))
     out.append((f"exact r={round_size} sets=[adv]", {"rule": "exact", "sets": ["adv"]}, k))
@@ -179,12 +195,28 @@ def rules(k: int, round_size: int) -> list[tuple[str, dict | None, int]]:
     for eps in (0.1, 0.2):  # the ceiling of a per-turn prior: the feature is the label's own pass rate
         out.append((f"ceiling: oracle feature eps={eps}", {"rule": "posterior", "prior": "likelihood", "epsilon": eps,
                                                            "oracle": True}, k))
+    # reallocation: a larger budget (policy.k) with adaptive stopping spends the samples the settled turns leave
+    for budget in (k * 3 // 2, 2 * k):
+        out.append((f"exhaustive K={budget}", None, budget))
+        for eps in (0.1, 0.2, 0.3):
+            for sets in (["mixed", "adv"], ["adv"]):
+                name = f"K={budget} posterior likelihood eps={eps}" + (" sets=[adv]" if sets == ["adv"] else "")
+                out.append((name, {"rule": "posterior", "prior": "likelihood", "epsilon": eps, "sets": sets}, budget))
     return out
 
 
+BINS = ((0, 1e-9, "0"), (1e-9, 0.1, "(0,.1)"), (0.1, 0.3, "[.1,.3)"), (0.3, 0.5, "[.3,.5)"), (0.5, 0.7, "[.5,.7)"),
+        (0.7, 0.9, "[.7,.9)"), (0.9, 1 - 1e-9, "[.9,1)"), (1 - 1e-9, 1.01, "1"))
+
+
 def replay(rewards, tokens, prompt, likelihood, turns, cfg, k: int, label_k: int, round_size: int) -> list[dict]:
+    """Every rule on the label's samples. Two labels: all label_k samples (the rules' samples are among them), and
+    the samples no rule reads (from the largest budget on: an independent label, fewer samples)."""
     pivots = cfg.pivots
     label = pivot_sets(rewards, {t: label_k for t in rewards}, turns, pivots)
+    first_unread = max(budget for _, _, budget in rules(k, round_size))
+    disjoint = pivot_sets({t: r[first_unread:] for t, r in rewards.items()}, {t: label_k - first_unread for t in rewards},
+                          turns, pivots) if label_k > first_unread else None
     reference = pivot_sets(rewards, {t: k for t in rewards}, turns, pivots)
     logprob = {t: v[0] for t, v in likelihood.items()}
     oracle = {t: float(np.log((sum(r) + 0.5) / (len(r) + 1))) for t, r in rewards.items()}
@@ -200,19 +232,66 @@ def replay(rewards, tokens, prompt, likelihood, turns, cfg, k: int, label_k: int
             stop = {t: ("k_reached" if n >= budget else "settled") for t, n in used.items()}
         sets = pivot_sets(rewards, used, turns, pivots, stop)
         samples = sum(used.values())
-        row = {"rule": name, "samples": samples, "samples_vs_k": samples / (len(rewards) * k),
+        rate = {t: float(np.mean(r)) for t, r in rewards.items()}
+        by_bin = {label: [used[t] for t in rewards if lo <= rate[t] < hi] for lo, hi, label in BINS}
+        row = {"rule": name, "samples_by_label_rate": {b: round(float(np.mean(v)), 2) for b, v in by_bin.items() if v}, "samples": samples, "samples_vs_k": samples / (len(rewards) * k),
                "tokens": sum(sum(tokens[t][:n]) for t, n in used.items()),
                "prefills": sum(-(-n // round_size) if settings else 1 for n in used.values()),
                "prompt_tokens_prefilled": sum(prompt[t] * (-(-n // round_size) if settings else 1) for t, n in used.items())}
         for s in SETS:
+            row[f"{s}_f1_ci"] = f1_difference(sets[s], reference[s], label[s], sorted(rewards))
             row[f"{s}_size"] = len(sets[s])
             row[f"{s}_agree_k"] = agreement(sets[s], reference[s], len(rewards))
             row[f"{s}_p"], row[f"{s}_r"], row[f"{s}_f1"] = prf(sets[s], label[s])
+            if disjoint is not None:
+                row[f"{s}_f1_disjoint"] = prf(sets[s], disjoint[s])[2]
         rows.append(row)
     base = rows[0]
     for row in rows:
         row["tokens_vs_k"] = row["tokens"] / base["tokens"] if base["tokens"] else 0.0
     return rows
+
+
+# -- what the pass-rate distribution does to it ------------------------------------------------------------------
+POPULATIONS = (("Beta(1, 1): uniform", 1.0, 1.0, 0.0, 0.0), ("Beta(0.5, 0.5): U-shaped", 0.5, 0.5, 0.0, 0.0),
+               ("Beta(0.2, 0.2): mostly near 0 or 1", 0.2, 0.2, 0.0, 0.0),
+               ("30% never pass, 30% always, 40% Beta(1, 1)", 1.0, 1.0, 0.3, 0.3),
+               ("45% never pass, 25% always, 30% Beta(0.5, 0.5)", 0.5, 0.5, 0.45, 0.25))
+
+
+def population_projection(k: int, label_k: int, round_size: int, lambda_diff: float, turns: int = 2000) -> list[dict]:
+    """Simulated turns (pass rates from a population; no likelihood, so the pooled prior): exhaustive K vs the
+    posterior rule at a few epsilons, F1 against K = label_k, as in the replay."""
+    rng = np.random.default_rng(0)
+    out = []
+    for name, a, b, zero, one in POPULATIONS:
+        p = rng.beta(a, b, turns)
+        kind = rng.random(turns)
+        p = np.where(kind < zero, 0.0, np.where(kind < zero + one, 1.0, p))
+        rewards = {f"t{i:05d}": [float(x) for x in rng.random(label_k) < p[i]] for i in range(turns)}
+
+        def sets(used):
+            out_sets = {"mixed": set(), "adv": set()}
+            for t, n in used.items():
+                r = rewards[t][:n]
+                if len(set(r)) > 1:
+                    out_sets["mixed"].add(t)
+                    if sum(r) / n <= lambda_diff:
+                        out_sets["adv"].add(t)
+            return out_sets
+
+        label = sets({t: label_k for t in rewards})
+        base = sets({t: k for t in rewards})
+        row = {"population": name, f"K={k}": {s: round(prf(base[s], label[s])[2], 3) for s in SETS}}
+        for eps, rule_sets in ((0.05, ["mixed", "adv"]), (0.1, ["mixed", "adv"]), (0.05, ["adv"])):
+            options = AdaptiveSection(enabled=True, rule="posterior", prior="pooled", epsilon=eps,
+                                      round_size=round_size, sets=rule_sets)
+            used = simulate({t: r[:k] for t, r in rewards.items()}, options, k, lambda_diff)
+            got = sets(used)
+            row[f"eps={eps} sets={rule_sets}"] = {"samples": round(sum(used.values()) / (turns * k), 3),
+                                                  **{s: round(prf(got[s], label[s])[2], 3) for s in SETS}}
+        out.append(row)
+    return out
 
 
 # -- the report -------------------------------------------------------------------------------------------------
@@ -229,6 +308,17 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def generation_figures(dagster_home: Path) -> dict:
+    """The last `rollouts` materialization's generation figures (the backend's counters) from a run's instance."""
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
+        event = instance.get_latest_materialization_event(dg.AssetKey("rollouts"))
+        meta = {k: v.value for k, v in event.asset_materialization.metadata.items()}
+    return {k: meta.get(k) for k in ("generation_s", "rounds", "prefill_tokens_computed", "prompt_tokens_total",
+                                     "turns", "expert_tokens_scored")}
+
+
 def profile_stats(wh: Path) -> dict:
     con = duckdb.connect()
     samples, turns, tokens = con.sql(f"""
@@ -240,6 +330,64 @@ def profile_stats(wh: Path) -> dict:
     return {"samples": int(samples), "turns": turns, "tokens": int(tokens), "reasons": reasons, "sets": sets}
 
 
+def run_modes(args) -> list[tuple[str, int, dict | None]]:
+    """(name, policy.k, adaptive settings) of the side-by-side `pivot run`s."""
+    def adaptive(eps: float, sets: str) -> dict:
+        return {"enabled": True, "rule": args.run_rule, "prior": args.run_prior, "epsilon": eps,
+                "round_size": args.round_size, "sets": sets.split(",")}
+    modes = [("off", args.k, None), ("on", args.k, adaptive(args.run_epsilon, args.run_sets))]
+    if args.realloc_k:
+        modes.append((f"on_k{args.realloc_k}", args.realloc_k, adaptive(args.realloc_epsilon, args.realloc_sets)))
+    return modes
+
+
+def run_section(args, base: dict, out: Path, label_wh: Path, log: Path, label_sets: dict) -> list[str]:
+    """One `pivot run` of profiling + selection per mode, each from a copy of the label's ingested warehouse and
+    reference policy (nothing cached); results kept in runs.json (--reuse-runs reads them back)."""
+    saved = out / "runs.json"
+    results = json.loads(saved.read_text()) if args.reuse_runs and saved.exists() else {}
+    modes = run_modes(args)
+    for mode, k, settings in modes:
+        if mode in results:
+            continue
+        wh = out / f"run_{mode}_wh"
+        shutil.rmtree(wh, ignore_errors=True)
+        shutil.rmtree(out / f"dagster_{mode}", ignore_errors=True)
+        wh.mkdir(parents=True)
+        for name in ("trajectories.parquet", "turns.parquet", "quarantine.parquet"):
+            if (label_wh / name).exists():
+                shutil.copy(label_wh / name, wh / name)
+        if (label_wh / "models").is_dir():
+            shutil.copytree(label_wh / "models", wh / "models")
+        config = write_config(base, out / f"run_{mode}.yaml", wh, k, settings)
+        load_start = loadavg()
+        wall = pivot_run(config, PROFILING + "," + SELECTION, out / f"dagster_{mode}", log)
+        stats = profile_stats(wh)
+        stats.update(k=k, adaptive=settings, wall=wall, load=f"{load_start} -> {loadavg()}",
+                     **generation_figures(out / f"dagster_{mode}"))
+        stats["sets"] = {name: sorted(v) for name, v in stats["sets"].items()}
+        results[mode] = stats
+        saved.write_text(json.dumps(results, indent=1))
+    names = [m for m, _, _ in modes]
+    lines = ["## 4. `pivot run` profiling + selection, side by side (one run each, from the same ingested warehouse "
+             "and reference policy)", "",
+             *(f"- `{m}`: policy.k={results[m]['k']}, adaptive {json.dumps(results[m]['adaptive'])}" for m in names), "",
+             "| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for name, key in (("wall (s)", "wall"), ("generation (s, in rollouts)", "generation_s"), ("samples", "samples"),
+                      ("generated tokens", "tokens"), ("rounds", "rounds"), ("prompt prefills", "turns"),
+                      ("prefill tokens computed", "prefill_tokens_computed"),
+                      ("load average (start -> end)", "load"), ("stop reasons", "reasons")):
+        cells = [round(results[m][key]) if key == "wall" else results[m].get(key) for m in names]
+        lines.append(f"| {name} | " + " | ".join(str(c) for c in cells) + " |")
+    for s in SETS:
+        cells = []
+        for m in names:
+            got = set(results[m]["sets"][s])
+            cells.append(f"{len(got)} / " + " / ".join(f"{v:.3f}" for v in prf(got, label_sets[s])))
+        lines.append(f"| D_{s}: size / P / R / F1 vs the K={args.label_k} label | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(REPO / "bench" / "configs" / "adaptive_synthetic.yaml"))
@@ -249,8 +397,13 @@ def main() -> None:
     ap.add_argument("--round-size", type=int, default=2)
     ap.add_argument("--run-rule", default="posterior")
     ap.add_argument("--run-prior", default="likelihood")
-    ap.add_argument("--run-epsilon", type=float, default=0.1)
+    ap.add_argument("--run-epsilon", type=float, default=0.05)
+    ap.add_argument("--run-sets", default="adv", help="comma-separated: the memberships the run's rule settles")
+    ap.add_argument("--realloc-k", type=int, default=16, help="a third run: adaptive with this budget (0: none)")
+    ap.add_argument("--realloc-epsilon", type=float, default=0.2)
+    ap.add_argument("--realloc-sets", default="adv")
     ap.add_argument("--skip-runs", action="store_true", help="replay only: no side-by-side pivot runs")
+    ap.add_argument("--reuse-runs", action="store_true", help="keep the runs recorded in <out>/runs.json")
     ap.add_argument("--results", default=str(REPO / "bench" / "RESULTS_adaptive.md"))
     args = ap.parse_args()
 
@@ -287,6 +440,21 @@ def main() -> None:
     rows = replay(rewards, tokens, prompt, likelihood, turns, cfg, args.k, args.label_k, args.round_size)
     report += [f"## 2. Replay on the label's samples (sets against K={args.label_k}; agreement with exhaustive "
                f"K={args.k})", "", table(rows), "",
+               f"The same rules against an independent label: samples {max(b for _, _, b in rules(args.k, args.round_size))}"
+               f"..{args.label_k - 1}, which no rule reads (F1 of D_adv / D_mixed):", "",
+               "| rule | samples of K | D_adv F1 | D_mixed F1 |", "|---|---|---|---|",
+               *(f"| {r['rule']} | {r['samples_vs_k']:.0%} | {r.get('adv_f1_disjoint', float('nan')):.3f} | "
+                 f"{r.get('mixed_f1_disjoint', float('nan')):.3f} |" for r in rows), "",
+               f"F1 - F1(exhaustive K={args.k}) against the K={args.label_k} label, 95% paired-bootstrap interval over turns "
+               "(one turn moves an F1 by about 0.02-0.03 here):", "",
+               "| rule | samples of K | D_adv | D_mixed |", "|---|---|---|---|",
+               *(f"| {r['rule']} | {r['samples_vs_k']:.0%} | {r['adv_f1'] - rows[0]['adv_f1']:+.3f} "
+                 f"[{r['adv_f1_ci'][0]:+.3f}, {r['adv_f1_ci'][1]:+.3f}] | {r['mixed_f1'] - rows[0]['mixed_f1']:+.3f} "
+                 f"[{r['mixed_f1_ci'][0]:+.3f}, {r['mixed_f1_ci'][1]:+.3f}] |" for r in rows[1:]), "",
+               "Mean samples per turn by the label's pass rate (turns per bin in section 1):", "",
+               "| rule | " + " | ".join(b for _, _, b in BINS) + " |", "|---|" + "---|" * len(BINS),
+               *(f"| {r['rule']} | " + " | ".join(str(r["samples_by_label_rate"].get(b, "-")) for _, _, b in BINS) + " |"
+                 for r in rows), "",
                "samples / gen. tokens: what the rule generates (\"of K\": against exhaustive K); prefills: prompt "
                "prefills (one per round a turn takes; exhaustive: one per turn). agree K: share of the turns whose "
                "membership equals exhaustive K's.", ""]
@@ -296,42 +464,22 @@ def main() -> None:
     report += ["## 3. The expert action's log-likelihood as a predictor of the label's pass rate", "",
                "```", json.dumps(lik, indent=1), "```", ""]
 
-    # 4. pivot run, adaptive off vs on
+    # 3b. the same rule on simulated populations: what the distribution of pass rates does to the savings
+    projection = population_projection(args.k, args.label_k, args.round_size, cfg.pivots.lambda_diff)
+    report += ["## 3b. The pass-rate distribution decides the savings (simulated turns, pooled prior)", "",
+               "F1 against K=%d of D_mixed / D_adv; samples as a share of exhaustive K=%d." % (args.label_k, args.k), "",
+               "| population | exhaustive K=%d F1 | " % args.k + " | ".join(k for k in projection[0] if k.startswith("eps"))
+               + " |", "|---|---|" + "---|" * (len(projection[0]) - 2)]
+    for row in projection:
+        cells = [f"{row[f'K={args.k}']['mixed']} / {row[f'K={args.k}']['adv']}"]
+        cells += [f"{v['samples']:.0%}: {v['mixed']} / {v['adv']}" for key, v in row.items() if key.startswith("eps")]
+        report.append(f"| {row['population']} | " + " | ".join(cells) + " |")
+    report.append("")
+
+    # 4. pivot run, adaptive off vs on (and on with a larger budget)
     if not args.skip_runs:
-        adaptive = {"enabled": True, "rule": args.run_rule, "prior": args.run_prior, "epsilon": args.run_epsilon,
-                    "round_size": args.round_size}
-        label_sets = pivot_sets(rewards, {t: args.label_k for t in rewards}, turns, cfg.pivots)
-        results = {}
-        for mode, settings in (("off", None), ("on", adaptive)):
-            wh = out / f"run_{mode}_wh"
-            shutil.rmtree(wh, ignore_errors=True)
-            shutil.rmtree(out / f"dagster_{mode}", ignore_errors=True)
-            wh.mkdir(parents=True)
-            for name in ("trajectories.parquet", "turns.parquet", "quarantine.parquet"):
-                if (label_wh / name).exists():
-                    shutil.copy(label_wh / name, wh / name)
-            if (label_wh / "models").is_dir():
-                shutil.copytree(label_wh / "models", wh / "models")
-            config = write_config(base, out / f"run_{mode}.yaml", wh, args.k, settings)
-            load_start = loadavg()
-            wall = pivot_run(config, PROFILING + "," + SELECTION, out / f"dagster_{mode}", log)
-            stats = profile_stats(wh)
-            stats.update(wall=wall, load=f"{load_start} -> {loadavg()}")
-            results[mode] = stats
-        report += [f"## 4. `pivot run` profiling + selection, K={args.k}: adaptive off vs on "
-                   f"({args.run_rule}, {args.run_prior} prior, eps={args.run_epsilon})", "",
-                   "| | adaptive off | adaptive on |", "|---|---|---|"]
-        for name, key in (("wall (s)", "wall"), ("samples", "samples"), ("generated tokens", "tokens"),
-                          ("load average (start -> end)", "load"), ("stop reasons", "reasons")):
-            report.append(f"| {name} | {results['off'][key] if key != 'wall' else round(results['off'][key])} | "
-                          f"{results['on'][key] if key != 'wall' else round(results['on'][key])} |")
-        for s in SETS:
-            for mode in ("off", "on"):
-                results[mode][f"{s}_prf"] = prf(results[mode]["sets"][s], label_sets[s])
-            report.append(f"| D_{s}: size / P / R / F1 vs label | "
-                          + " | ".join(f"{len(results[m]['sets'][s])} / " + " / ".join(f"{v:.3f}" for v in results[m][f'{s}_prf'])
-                                       for m in ("off", "on")) + " |")
-        report.append("")
+        report += run_section(args, base, out, label_wh, log,
+                              pivot_sets(rewards, {t: args.label_k for t in rewards}, turns, cfg.pivots))
     Path(args.results).write_text("\n".join(report) + "\n")
     (out / "replay.json").write_text(json.dumps({"rows": rows, "likelihood": lik}, indent=1))
     print("\n".join(report))
