@@ -3,9 +3,9 @@
 Keys and caching (nothing is computed twice):
     rollouts         (turn_id, policy_fp, sampling_fp, sample_index)   generation cache
     rollout_rewards  rollout key + verifier_fp                          scoring cache
-Both are incremental part-tables: each part holds all K samples of whole turns and is written atomically,
-so a turn is either fully present or absent, a kill -9 loses at most the part in flight, and a rerun
-only generates for turns with no rows under the current (policy_fp, sampling_fp). A verifier change
+Both are incremental part-tables written atomically, one part per batch of whole turns (all of a turn's samples
+in that batch: its K, or one round's under adaptive profiling), so a kill -9 loses at most the part in flight and
+a rerun generates only the sample keys missing under the current (policy_fp, sampling_fp). A verifier change
 re-scores from the cached completions and never regenerates a token.
 
 Sharded (`scale.shards` > 1, profiling/shards.py): a Profiler works on one shard, reads and writes only that
