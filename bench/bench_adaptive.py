@@ -378,6 +378,7 @@ def run_section(args, base: dict, out: Path, label_wh: Path, log: Path, label_se
                       ("prefill tokens computed", "prefill_tokens_computed"),
                       ("load average (start -> end)", "load"), ("stop reasons", "reasons")):
         cells = [round(results[m][key]) if key == "wall" else results[m].get(key) for m in names]
+        cells = ["-" if c is None else c for c in cells]
         lines.append(f"| {name} | " + " | ".join(str(c) for c in cells) + " |")
     for s in SETS:
         cells = []

@@ -271,7 +271,7 @@ def run_rounds(turns: list[str], counts: Callable[[], pa.Table], generate: Calla
     """Score what is unscored, decide, generate the next round; until no turn is open. Engine-agnostic: `generate`
     writes the rows of {turn: sample indices}, `score` scores the turns' unscored samples, `counts` reads the
     rule's columns per turn (profiler.Profiler)."""
-    stats = {"rounds": 0, "rollouts_generated": 0, "generated_tokens": 0, "rollouts_scored": 0}
+    stats = {"rounds": 0, "rollouts_generated": 0, "generated_tokens": 0, "rollouts_scored": 0, "generation_s": 0.0}
     prior = None
     while True:
         stats["rollouts_scored"] += score(turns)["rollouts_scored"]
@@ -286,6 +286,7 @@ def run_rounds(turns: list[str], counts: Callable[[], pa.Table], generate: Calla
         done = generate(todo)
         stats["rollouts_generated"] += done.get("rollouts_generated", 0)
         stats["generated_tokens"] += done.get("generated_tokens", 0)
+        stats["generation_s"] += done.get("generation_s", 0.0)
     if prior is not None:
         stats.update(prior.as_metadata())
     return stats
