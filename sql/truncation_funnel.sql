@@ -10,6 +10,7 @@ with per_turn as (
            avg(r.reward) as reward_mean
     from rollout_rewards r
     join turn_profiles p using (turn_id, policy_fp, sampling_fp, verifier_fp)
+    where r.sample_index < p.k  -- the profile's samples (a larger budget's share the key)
     group by all
 ), stages as (
     select 1 as step, 'profiled' as stage, count(*) as n from per_turn

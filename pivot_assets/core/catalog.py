@@ -94,6 +94,23 @@ REWARDS_SCHEMA = pa.schema(
         ("action", pa.string()),  # the parsed candidate action (canonical JSON), null when unparseable
     ]
 )
+# The expert action's log-likelihood under the reference policy (policies/base.ActionLikelihood), one row per turn
+# and (policy, sampling): written by generation beside the samples, shown per turn in turn_profiles.
+EXPERT_LIKELIHOODS_SCHEMA = pa.schema(
+    [
+        ("turn_id", pa.string()),
+        ("policy_fp", pa.string()),
+        ("sampling_fp", pa.string()),
+        ("expert_logprob", pa.float64()),
+        ("expert_tokens", pa.int32()),
+    ]
+)
+# Why a turn's sampling stopped (turn_profiles.stop_reason, profiling/adaptive.py): k_reached (policy.k samples),
+# settled (no completion of its remaining samples can change its pivot-set membership), posterior (the Beta
+# posterior says that changes with probability < epsilon), unsettled (fewer than k samples that the rule in force
+# does not settle: after a verifier or rule change; `rollouts` tops them up).
+STOP_REASONS = ("k_reached", "settled", "posterior", "unsettled")
+EARLY_STOPS = ("settled", "posterior")  # stopped before k because the rule vouches for the membership
 SELECTION_LOG_SCHEMA = pa.schema(
     [("turn_id", pa.string()), ("set", pa.string()), ("kept", pa.bool_()), ("reason", pa.string())]
 )
@@ -131,6 +148,7 @@ TABLES: dict[str, Table] = {
         Table("rollouts", ("turn_id", "policy_fp", "sampling_fp", "sample_index"), ROLLOUTS_SCHEMA),
         Table("rollout_rewards", ("turn_id", "policy_fp", "sampling_fp", "sample_index", "verifier_fp"),
               REWARDS_SCHEMA),
+        Table("expert_likelihoods", ("turn_id", "policy_fp", "sampling_fp"), EXPERT_LIKELIHOODS_SCHEMA, contract=False),
         Table("turn_profiles", _PROFILE_KEY, related=("rollout_rewards",)),
         *(Table(name, _PROFILE_KEY, blocking=True, related=("turns",)) for name in PIVOT_TABLES),
         Table(SELECTION_LOG, ("turn_id", "set"), SELECTION_LOG_SCHEMA, contract=False),

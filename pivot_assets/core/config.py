@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 InputFormat = Literal["auto", "openai", "responses", "tau2", "sharegpt", "bfcl", "bfcl_multi_turn"]
 FORMATS = get_args(InputFormat)  # the input formats (ingest/formats.py describes each)
@@ -65,6 +65,37 @@ class PolicySection(_Strict):
     # storing | off: the template's enable_thinking=False switch (policies/thinking.py)
     thinking: Literal["keep", "strip", "off"] = "keep"
     thinking_budget: int | None = Field(None, ge=1)  # tokens of thought before </think> is forced (transformers)
+
+
+class AdaptiveSection(_Strict):
+    """Adaptive profiling (profiling/adaptive.py, README "Adaptive profiling"): sample each turn in rounds of
+    `round_size` up to policy.k, and stop once its membership in `sets` is settled."""
+
+    enabled: bool = False
+    # exact: stop only when no completion of the remaining samples can change the membership (never wrong);
+    # posterior: also stop when a Beta posterior says it changes with probability < epsilon
+    rule: Literal["exact", "posterior"] = "posterior"
+    round_size: int = Field(2, ge=1)
+    sets: list[Literal["mixed", "adv"]] = Field(default_factory=lambda: ["mixed", "adv"], min_length=1)
+    epsilon: float = Field(0.05, gt=0.0, lt=1.0)
+    # The posterior's Beta prior, fitted on every turn's first round (empirical Bayes): pooled (one Beta for all
+    # turns) | likelihood (its mean follows the expert action's log-likelihood under the reference policy)
+    prior: Literal["pooled", "likelihood"] = "likelihood"
+
+
+class ProfilingSection(_Strict):
+    # per_sample: sample i of a turn is drawn under its own seed (sample_seed(policy.seed, i), then by turn), so it
+    # is the same draw whatever k, the engine or adaptive stopping; per_turn: one generator for a turn's K samples
+    # (the local engine's seeding before adaptive profiling; keeps a warehouse profiled so cached)
+    seeding: Literal["per_sample", "per_turn"] = "per_sample"
+    adaptive: AdaptiveSection = Field(default_factory=AdaptiveSection)
+
+    @model_validator(mode="after")
+    def _adaptive_needs_per_sample_seeds(self):
+        if self.adaptive.enabled and self.seeding != "per_sample":
+            raise ValueError("adaptive.enabled needs seeding: per_sample (sample i must be the same draw whenever "
+                             "sampling stops)")
+        return self
 
 
 class PivotsSection(_Strict):
@@ -192,9 +223,20 @@ class PivotConfig(_Strict):
     sft: SFTSection = Field(default_factory=SFTSection)
     runtime: RuntimeSection = Field(default_factory=RuntimeSection)
     scale: ScaleSection = Field(default_factory=ScaleSection)
+    profiling: ProfilingSection = Field(default_factory=ProfilingSection)
     ablation: AblationSection | None = None  # present: the ablation_results asset and `ablation_job` run it
     # Directory the relative paths above are resolved against (the config file's folder).
     base_dir: str = "."
+
+    @model_validator(mode="after")
+    def _ray_seeds_per_sample(self):
+        if self.scale.engine == "ray" and self.profiling.seeding != "per_sample":
+            raise ValueError("scale.engine ray samples each (turn, sample_index) row with its own seed: "
+                             "profiling.seeding must be per_sample")
+        if self.scale.engine == "ray" and self.profiling.adaptive.enabled:
+            raise ValueError("profiling.adaptive runs its rounds on the local engine (scale.engine: local) for now; "
+                             "the Ray engine generates every pending sample in one job")
+        return self
 
     @field_validator("warehouse")
     @classmethod

@@ -45,7 +45,7 @@ from pivot_assets.core.warehouse import connect_for
 __all__ = ["BLOCKING_TABLES", "CONTRACT_TABLES", "ContractResult", "check_parquet", "load_suite_spec", "prewarm",
            "run_contract"]
 
-DEFAULT_PARAMS = {"lambda_diff": 0.6}
+DEFAULT_PARAMS = {"lambda_diff": 0.6, "policy_k": None}  # policy_k None: k has no upper bound
 SAMPLE_ROWS = 5  # failing rows shown per failed expectation
 GX_SAMPLE_ROWS = 500  # rows Great Expectations validates (plus every failing row found in SQL)
 MEMORY_LIMIT = "1GB"  # DuckDB's budget for a check; larger aggregates spill to disk
@@ -248,7 +248,8 @@ def _turn_helpers(columns: dict[str, str]) -> list[str]:
 
 
 def _with_reward_helpers(select: str, profiles: dict[str, str], rewards: dict[str, str]) -> str:
-    """k_gap, mean_gap, n_pass_gap and (binary rewards only) var_gap from the profile's own rewards."""
+    """k_gap, mean_gap, n_pass_gap and (binary rewards only) var_gap from the profile's own rewards: those of its
+    key with sample_index < k (per-sample rows of a larger budget share the key and are not the profile's)."""
     key = list(KEY_COLUMNS["turn_profiles"])
     if "sampling_fp" in profiles:  # profiles of one sampling config count only its samples
         key.append("sampling_fp")
@@ -257,18 +258,20 @@ def _with_reward_helpers(select: str, profiles: dict[str, str], rewards: dict[st
     if not {*key, "reward"} <= set(rewards):
         raise ValueError(f"turn_profiles contract: the related rollout_rewards table needs columns {[*key, 'reward']}")
     on = " AND ".join(f"s.{k} IS NOT DISTINCT FROM r.{k}" for k in key)
+    below_k = " AND r.sample_index < s.k" if "sample_index" in rewards else ""
     return f"""
-        WITH per_turn AS (
-            SELECT {', '.join(key)}, count(*) AS n_rewards, avg(reward) AS mean_reward,
-                   count(*) FILTER (WHERE reward = 1.0) AS n_full, bool_and(reward IN (0.0, 1.0)) AS binary_rewards
-            FROM related_rollout_rewards GROUP BY ALL
+        WITH taken AS (
+            SELECT s.__file, s.__row, count(*) AS n_rewards, avg(r.reward) AS mean_reward,
+                   count(*) FILTER (WHERE r.reward = 1.0) AS n_full, bool_and(r.reward IN (0.0, 1.0)) AS binary_rewards
+            FROM contract_source s JOIN related_rollout_rewards r ON {on}{below_k}
+            GROUP BY s.__file, s.__row
         )
         SELECT {select},
                coalesce(r.n_rewards, 0) - s.k AS k_gap,
                abs(s.reward_mean - r.mean_reward) AS mean_gap,
                s.n_pass - coalesce(r.n_full, 0) AS n_pass_gap,
                CASE WHEN r.binary_rewards THEN abs(s.reward_var - s.reward_mean * (1 - s.reward_mean)) END AS var_gap
-        FROM contract_source s LEFT JOIN per_turn r ON {on}"""
+        FROM contract_source s LEFT JOIN taken r ON s.__file IS NOT DISTINCT FROM r.__file AND s.__row = r.__row"""
 
 
 # ---------------------------------------------------------------------------------------------- expectations -> SQL

@@ -27,7 +27,7 @@ def pass_rates(wh: Warehouse, table: str = "turn_profiles") -> list[float]:
 
 
 def contract_params(cfg: PivotConfig) -> dict:
-    return {"lambda_diff": cfg.pivots.lambda_diff}
+    return {"lambda_diff": cfg.pivots.lambda_diff, "policy_k": cfg.policy.k}
 
 
 def check_table(wh: Warehouse, table: str, params: dict):

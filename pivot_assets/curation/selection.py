@@ -1,8 +1,10 @@
 """Pivot selection (Dagster-free): turn profiles -> D_mixed, D_adv, D_cand.
 
 Definitions (PivotRL, arXiv 2603.21383; DESIGN.md):
-    candidates   = profiled turns whose profile has k >= min_k (all profiled turns when min_k is None) and
-                   whose expert action is of one of `action_kinds` (every kind when it is None)
+    candidates   = profiled turns whose profile has k >= min_k, or fewer samples whose sampling stopped because
+                   its membership was settled (stop_reason settled / posterior: adaptive profiling), all profiled
+                   turns when min_k is None; and whose expert action is of one of `action_kinds` (every kind
+                   when it is None). k may differ from turn to turn.
     pivots_mixed = candidates with reward_var > 0 (the reference policy's outcome is mixed)
     pivots_adv   = candidates with reward_var > 0 and reward_mean <= lambda_diff (mixed and hard)
     pivots_cand  = a seeded random sample of candidates, len(pivots_adv) rows unless cand_size is set
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from pivot_assets.core.catalog import PIVOT_SETS, SELECTION_LOG_SCHEMA, SET_TABLES  # noqa: F401  (SET_TABLES: the set -> table names)
+from pivot_assets.core.catalog import PIVOT_SETS, SELECTION_LOG_SCHEMA, SET_TABLES, EARLY_STOPS  # noqa: F401  (SET_TABLES: the set -> table names)
 from pivot_assets.core.config import PivotsSection
 from pivot_assets.core.ids import seeded_digest
 
@@ -140,9 +142,13 @@ def _join_turns(profiles: pl.DataFrame, turns: pl.DataFrame, log: list[pl.DataFr
 
 
 def _apply_min_k(profiled: pl.DataFrame, min_k: int | None, log: list[pl.DataFrame]) -> pl.DataFrame:
+    """k >= min_k, or a turn adaptive profiling stopped early because its membership was settled."""
     if min_k is None:
         return profiled
-    return _reject_for_every_set(profiled, pl.col("k") >= min_k, "below_min_k", log)
+    enough = pl.col("k") >= min_k
+    if "stop_reason" in profiled.columns:
+        enough = enough | pl.col("stop_reason").is_in(list(EARLY_STOPS))
+    return _reject_for_every_set(profiled, enough, "below_min_k", log)
 
 
 def _apply_action_kinds(profiled: pl.DataFrame, kinds: list[str] | None, log: list[pl.DataFrame]) -> pl.DataFrame:

@@ -2,6 +2,12 @@
 
 A backend yields the samples of a group of turns at a time (all K of each turn), so the caller can
 write one Parquet part per yield: a crash loses at most the group in flight.
+
+The expert action's likelihood: a request may carry its turn's expert message (`expert`). A backend that can
+teacher-force it (`scores_expert_actions = True`) runs prompt + expert message through the model once, on the
+prefill it does anyway, and yields the log-likelihood of the action's tokens beside the samples
+(`SampleBatch.likelihoods`); the others ignore `expert` and yield plain lists. The transformers backend
+implements it; vLLM can (prompt_logprobs on prompt + action); an OpenAI-compatible server does not.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ class GenerationRequest:
     message_index: int
     messages: list[dict]
     tools: list = field(default_factory=list)
+    expert: dict | None = None  # the turn's expert assistant message: teacher-force it (ActionLikelihood)
 
 
 @dataclass
@@ -71,6 +78,32 @@ class Sample:
     n_prompt_tokens: int
     n_completion_tokens: int  # tokens generated, the stop token included (it is not in `completion`)
     finish_reason: str  # "stop" (EOS / <|im_end|>) | "length" (max_new_tokens reached)
+
+
+@dataclass(frozen=True)
+class ActionLikelihood:
+    """log p(expert action | prompt) under the reference policy: the sum over the tokens of the expert's assistant
+    message as the template renders it after the prompt, its end-of-turn token included, of log-softmax(logits / T)
+    at the sampling temperature T (1 when greedy), without top-p. At T = 1 and top_p = 1, exp(logprob) is the
+    probability that a sample is exactly the expert action: a lower bound on a verifier's pass rate that accepts it."""
+
+    turn_id: str
+    logprob: float
+    n_tokens: int
+
+
+class SampleBatch(list):
+    """One yield of `generate`: the samples (a list), and the likelihoods of the expert actions of the requests
+    that carried one (empty when the backend does not teacher-force)."""
+
+    def __init__(self, samples=(), likelihoods: list[ActionLikelihood] | None = None):
+        super().__init__(samples)
+        self.likelihoods = list(likelihoods or [])
+
+
+def likelihoods_of(batch: list) -> list[ActionLikelihood]:
+    """The likelihoods a yield carries (a plain list from a backend that does not compute them: none)."""
+    return getattr(batch, "likelihoods", [])
 
 
 def new_stats() -> dict:
@@ -92,7 +125,8 @@ class PolicyBackend(Protocol):
     stats: dict
 
     def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> Iterator[list[Sample]]:
-        """Yield lists of samples; each list holds all K samples of each of a group of turns."""
+        """Yield lists of samples; each list holds all K samples of each of a group of turns. A backend whose
+        `scores_expert_actions` is true yields SampleBatch with the likelihoods of the requests' `expert` actions."""
         ...
 
 

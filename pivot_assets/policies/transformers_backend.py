@@ -14,6 +14,10 @@ Where the time goes, and what this backend does about it:
   seeding) every decode row has its own generator, seeded from (its sample's seed, turn_id) exactly as a K=1
   call under that seed would be: the K rows of a turn share one prefill and one decode loop, and draw what K
   separate single-sample calls would draw.
+- The expert action's likelihood (a request with `expert`): after the prompt's prefill, the expert's assistant
+  message is run through the model on the same cache (teacher forcing, no decoding) and its tokens' log-probs are
+  summed. The cache then holds prompt + action, which the trajectory's next turn reuses as its prefix: the action's
+  tokens are prefilled once, as they would be for that next turn anyway.
 - Device. The model, the KV buffers, every index/mask tensor of the decode loop and the generators live on
   `device` (cpu | cuda | cuda:N): nothing crosses devices per step.
 """
@@ -28,9 +32,10 @@ import torch
 
 from pivot_assets.core.ids import seeded_int
 
-from .base import GenerationRequest, Sample, SamplingConfig, new_stats, order_by_trajectory
-from .models import (PromptFormat, cache_keyword, decode_completion, load_model, policy_fingerprint, render_prompt,
-                     stop_token_ids)
+from .base import (ActionLikelihood, GenerationRequest, Sample, SampleBatch, SamplingConfig, new_stats,
+                   order_by_trajectory)
+from .models import (PromptFormat, cache_keyword, decode_completion, load_model, policy_fingerprint, render_chat,
+                     render_prompt, stop_token_ids, to_template_messages)
 from .thinking import ThoughtBudget, apply_thinking, opens_thought
 
 PREFILL_CHUNK = 2048  # tokens per prefill forward: bounds the attention scratch memory on long prompts
@@ -118,6 +123,7 @@ class _Prefilled:
     opens_thought: bool  # the rendered prompt ends inside an opened <think> (the template opened it)
     kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, [1, heads, n_prompt, dim]
     last_logits: torch.Tensor  # [vocab]
+    likelihood: ActionLikelihood | None = None  # of the request's expert action, when it carried one
 
 
 class TransformersBackend:
@@ -139,6 +145,8 @@ class TransformersBackend:
         self.fingerprint = policy_fingerprint(model, fmt)
         self.stats = new_stats()
         self.stats["thoughts_forced_closed"] = 0
+        self.stats["expert_tokens_scored"] = 0  # teacher-forced expert-action tokens (ActionLikelihood)
+        self.stats["experts_unscorable"] = 0  # expert messages the template does not render after the prompt
         self.stop_ids = stop_token_ids(self.tokenizer, self.model.generation_config)
         self.cache_kw = cache_keyword(self.model)
         self._traj_id: str | None = None
@@ -159,12 +167,29 @@ class TransformersBackend:
         """Token ids of a turn's rendered prompt (no extra BOS: the template carries its own markers)."""
         return self.tokenizer(self.prompt_text(request), add_special_tokens=False)["input_ids"]
 
+    def expert_action_ids(self, request: GenerationRequest, prompt_text: str) -> list[int] | None:
+        """Token ids of the request's expert message as the template renders it after the prompt, up to and
+        including its end-of-turn token (what a sample equal to the action would generate). None without an
+        expert, or when the template does not render the turn as a continuation of the prompt."""
+        if request.expert is None:
+            return None
+        full = render_chat(self.tokenizer, to_template_messages([*request.messages, request.expert]), request.tools,
+                           add_generation_prompt=False)
+        if not full.startswith(prompt_text):
+            self.stats["experts_unscorable"] += 1
+            return None
+        ids = self.tokenizer(full[len(prompt_text):], add_special_tokens=False)["input_ids"]
+        stop = next((i for i, t in enumerate(ids) if t in self.stop_ids), None)
+        return (ids if stop is None else ids[: stop + 1]) or None
+
     # ---- public ----------------------------------------------------------------------------------
     per_row_seeds = True  # generate(..., rows=...) is supported (profiling/profiler.Profiler.generate_samples)
+    scores_expert_actions = True  # a request's `expert` is teacher-forced (SampleBatch.likelihoods)
 
     def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig,
                  rows: RowSeeds | None = None) -> Iterator[list[Sample]]:
-        """Yield all K samples of each batch of turns (turns of a trajectory kept together, in order).
+        """Yield all K samples of each batch of turns (turns of a trajectory kept together, in order), as a
+        SampleBatch with the likelihoods of the requests' expert actions.
 
         `rows`: turn_id -> [(sample_index, seed), ...]: instead of K samples from one generator per turn, one
         sample per listed row, each from its own generator seeded by (seed, turn_id)."""
@@ -172,16 +197,17 @@ class TransformersBackend:
         start = time.perf_counter()  # wall_s counts our work (rendering included), not the caller's between yields
         for batch in self._batches(ordered, sampling, rows):
             with torch.inference_mode():
-                prefilled = [self.prefill(req, ids, opened) for req, ids, opened in batch]
+                prefilled = [self.prefill(req, ids, opened, action, sampling.temperature)
+                             for req, ids, opened, action in batch]
                 samples = self._decode(prefilled, sampling, rows)
             self.stats["wall_s"] += time.perf_counter() - start
-            yield samples
+            yield SampleBatch(samples, [p.likelihood for p in prefilled if p.likelihood is not None])
             start = time.perf_counter()
         self._reset_trajectory()
 
     def _batches(self, ordered: list[GenerationRequest], sampling: SamplingConfig, rows: RowSeeds | None = None):
         row_bytes = self._kv_bytes_per_token_row()
-        batch: list[tuple[GenerationRequest, list[int], bool]] = []
+        batch: list[tuple[GenerationRequest, list[int], bool, list[int] | None]] = []
         longest = n_rows = 0
         for req in ordered:
             text = self.prompt_text(req)
@@ -191,7 +217,7 @@ class TransformersBackend:
             if batch and (n_rows + k > self.batch_size or need > self.kv_budget_bytes):
                 yield batch
                 batch, longest, n_rows = [], 0, 0
-            batch.append((req, ids, opens_thought(text)))
+            batch.append((req, ids, opens_thought(text), self.expert_action_ids(req, text)))
             longest, n_rows = max(longest, len(ids)), n_rows + k
         if batch:
             yield batch
@@ -200,8 +226,10 @@ class TransformersBackend:
     def _reset_trajectory(self) -> None:
         self._traj_id, self._traj_ids, self._traj_kv = None, [], None
 
-    def prefill(self, request: GenerationRequest, ids: list[int], opened: bool = False) -> _Prefilled:
-        """Prompt KV and last-position logits of one turn, prefilling only what the cache lacks."""
+    def prefill(self, request: GenerationRequest, ids: list[int], opened: bool = False,
+                action: list[int] | None = None, temperature: float = 1.0) -> _Prefilled:
+        """Prompt KV and last-position logits of one turn, prefilling only what the cache lacks; with `action`
+        (the expert action's ids), its teacher-forced likelihood too (the cache then also holds the action)."""
         if not ids:
             raise ValueError(f"turn {request.turn_id}: empty prompt")
         if request.trajectory_id != self._traj_id:
@@ -216,13 +244,35 @@ class TransformersBackend:
         for start in range(0, suffix.shape[1], PREFILL_CHUNK):
             out = self.model(input_ids=suffix[:, start : start + PREFILL_CHUNK], **{self.cache_kw: cache},
                              use_cache=True, logits_to_keep=1)
-        self._traj_id, self._traj_ids = request.trajectory_id, list(ids)
+        last_logits = out.logits[0, -1].float()
+        likelihood = None
+        if action:
+            likelihood = self._teacher_force(request.turn_id, cache, last_logits, action, temperature)
+        self._traj_id, self._traj_ids = request.trajectory_id, list(ids) + list(action or [])
         self._traj_kv = [(layer.keys, layer.values) for layer in cache.layers]
+        n = len(ids)
         self.stats["turns"] += 1
-        self.stats["prompt_tokens_total"] += len(ids)
-        self.stats["prefill_tokens_computed"] += len(ids) - reuse
+        self.stats["prompt_tokens_total"] += n
+        self.stats["prefill_tokens_computed"] += n - reuse + len(action or [])
         self.stats["cache_hits"] += int(reuse > 0)
-        return _Prefilled(request, len(ids), opened, self._traj_kv, out.logits[0, -1].float())
+        prompt_kv = [(k[:, :, :n], v[:, :, :n]) for k, v in self._traj_kv] if action else self._traj_kv
+        return _Prefilled(request, n, opened, prompt_kv, last_logits, likelihood)
+
+    def _teacher_force(self, turn_id: str, cache, last_logits: torch.Tensor, action: list[int],
+                       temperature: float) -> ActionLikelihood:
+        """Sum of log p(action[j] | prompt, action[:j]) at the sampling temperature, the action run through the
+        model on the prompt's cache (which it extends): position j-1's logits score token j."""
+        scale = temperature if temperature > 0 else 1.0
+        ids = torch.tensor([action], dtype=torch.long, device=self.device)
+        total, previous = 0.0, last_logits[None]
+        for start in range(0, len(action), PREFILL_CHUNK):
+            chunk = ids[:, start : start + PREFILL_CHUNK]
+            logits = self.model(input_ids=chunk, **{self.cache_kw: cache}, use_cache=True).logits[0].float()
+            scoring = torch.cat([previous, logits[:-1]])  # the logits that predict each token of the chunk
+            total += torch.log_softmax(scoring / scale, dim=-1).gather(-1, chunk[0, :, None]).sum().item()
+            previous = logits[-1:]
+        self.stats["expert_tokens_scored"] += len(action)
+        return ActionLikelihood(turn_id=turn_id, logprob=total, n_tokens=len(action))
 
     # ---- batched decode ----------------------------------------------------------------------------
     def _decode_cache(self, prefilled: list[_Prefilled], counts: list[int], capacity: int):

@@ -5,8 +5,12 @@ With `scale.shards: S` > 1 the three are static partitions '000'..: one run per 
 partitions reports one data version for all of them), and the unpartitioned assets below read every shard.
 With `scale.engine: ray` a shard run submits its generation as a Ray job (ray_job.py) through dagster-ray.
 
-Code versions: `rollouts` = the policy identity (model, sampling, resolved dtype), `rollout_rewards` = the
-verifier fingerprint, so a verifier change makes scoring and everything downstream stale but never `rollouts`.
+Code versions: `rollouts` = the policy identity (model, sampling, resolved dtype, seeding, adaptive stopping),
+`rollout_rewards` = the verifier fingerprint, so a verifier change makes scoring and everything downstream stale but
+never `rollouts`. With `profiling.adaptive` the `rollouts` step also scores each round with the configured verifier
+(the rule needs rewards) into `rollout_rewards`, which then finds them scored; a verifier change re-scores the
+cached samples and never generates (turns the new rewards leave open show stop_reason `unsettled`; a run of
+`rollouts` tops them up).
 """
 
 import time
@@ -19,7 +23,7 @@ from pivot_assets.core.warehouse import Warehouse
 from pivot_assets.resources import number_table, publish, require_only_run_of_shard, reused_figures, timed
 from pivot_assets.verifiers import DomainVerifiers
 
-from .profiler import SFT_MODEL, Profiler, policy_version, seeding_of
+from .profiler import SFT_MODEL, Profiler, policy_version, profiles_version
 from .ray_job import ENTRYPOINT as RAY_ENTRYPOINT
 from .ray_job import job_metadata as ray_job_metadata
 from .ray_job import runtime_env as ray_runtime_env
@@ -27,9 +31,8 @@ from .ray_job import stop_earlier_jobs
 from .shards import parse_shard, partition_keys, shard_data_version, shard_row_count
 
 GROUP = __package__.rsplit(".", 1)[-1]
-PROFILES_VERSION = "1"
 # What generation cost: a cached rerun shows the figures of the run that did the work, marked as reused.
-GENERATION_FIGURES = ("generation_s", "generated_tokens", "tokens_per_s", "rollouts_generated", "wall_s")
+GENERATION_FIGURES = ("generation_s", "generated_tokens", "tokens_per_s", "rollouts_generated", "wall_s", "rounds")
 
 
 def pass_rate_plot(wh: Warehouse, reward_means: list[float]) -> str:
@@ -50,7 +53,7 @@ def build_assets(cfg: PivotConfig) -> list:
     verifiers = DomainVerifiers(cfg.verifier)
     policy_deps = ["turns"] + (["sft_policy"] if cfg.policy.model == SFT_MODEL else [])
     partitions = shard_partitions(cfg)
-    seeding = seeding_of(cfg.scale.engine)
+    rollouts_version = policy_version(cfg.policy, cfg.profiling.seeding, cfg.profiling.adaptive, cfg.pivots.lambda_diff)
 
     def shard_of_run(context: dg.AssetExecutionContext) -> int | None:
         if partitions is None:
@@ -61,11 +64,12 @@ def build_assets(cfg: PivotConfig) -> list:
     def profiler(shard: int | None) -> Profiler:
         return Profiler.for_config(cfg, verifiers, shard)
 
-    @dg.asset(deps=policy_deps, group_name=GROUP, code_version=policy_version(cfg.policy, seeding),
+    @dg.asset(deps=policy_deps, group_name=GROUP, code_version=rollouts_version,
               kinds={"parquet", "pytorch", *(["ray"] if cfg.scale.engine == "ray" else [])},
               partitions_def=partitions, pool=GENERATION_POOL)
     def rollouts(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        """K samples per turn from the frozen reference policy (cached by turn, policy and sampling)."""
+        """K samples per turn from the frozen reference policy (cached by turn, policy, sampling and sample index);
+        with profiling.adaptive, rounds of samples until each turn's pivot-set membership is settled."""
         shard = shard_of_run(context)
         if cfg.scale.engine == "ray":
             return generate_on_ray(context, cfg, shard)
@@ -91,20 +95,36 @@ def build_assets(cfg: PivotConfig) -> list:
             "scores_per_s": stats["scores_per_s"], "reasons": number_table(stats["reasons"], "reason", "rollouts"),
         })
 
-    @dg.asset(deps=["rollout_rewards"], group_name=GROUP, code_version=PROFILES_VERSION, kinds={"parquet", "duckdb"},
-              partitions_def=partitions)
+    @dg.asset(deps=["rollout_rewards"], group_name=GROUP, code_version=profiles_version(cfg),
+              kinds={"parquet", "duckdb"}, partitions_def=partitions)
     def turn_profiles(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        """Per turn under the current (policy, verifier): k, reward mean/var/std, n_pass, n_distinct_actions."""
+        """Per turn under the current (policy, verifier): k, reward mean/var/std, n_pass, n_distinct_actions, why
+        its sampling stopped (stop_reason, p_flip) and the expert action's log-likelihood."""
         p = profiler(shard_of_run(context))
         table = p.profile()
         p.write_profiles(table)
         mixed = sum(1 for v in table.column("reward_var").to_pylist() if v and v > 0)
-        meta = {"turns": table.num_rows, "mixed_turns": mixed, "zero_variance_turns": table.num_rows - mixed}
+        meta = {"turns": table.num_rows, "mixed_turns": mixed, "zero_variance_turns": table.num_rows - mixed,
+                **profile_figures(table, cfg.policy.k), **(p.prior.as_metadata() if p.prior else {})}
         if p.shard is None:  # one histogram of the whole table (shards would overwrite each other's file)
             meta["pass_rate_histogram"] = dg.MetadataValue.md(pass_rate_plot(p.wh, table.column("reward_mean").to_pylist()))
         return publish_profiling(p, "turn_profiles", meta)
 
     return [rollouts, rollout_rewards, turn_profiles]
+
+
+def profile_figures(table, k: int) -> dict:
+    """What the profiles cost and say: samples used against turns x k, turns per stop reason, the expected number
+    of memberships the posterior rule got wrong (the sum of p_flip)."""
+    samples = sum(table.column("k").to_pylist())
+    reasons: dict[str, int] = {}
+    for reason in table.column("stop_reason").to_pylist():
+        reasons[reason] = reasons.get(reason, 0) + 1
+    flips = [v for v in table.column("p_flip").to_pylist() if v is not None]
+    return {"samples": samples, "samples_fraction_of_k": round(samples / (table.num_rows * k), 4) if table.num_rows else 0.0,
+            **{f"stop_reason/{r}": n for r, n in sorted(reasons.items())},
+            "expected_flips": round(sum(flips), 3),
+            "turns_with_expert_logprob": table.num_rows - table.column("expert_logprob").null_count}
 
 
 def publish_profiling(p: Profiler, table: str, metadata: dict) -> dg.MaterializeResult:

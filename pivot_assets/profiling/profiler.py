@@ -3,16 +3,23 @@
 Keys and caching (nothing is computed twice):
     rollouts         (turn_id, policy_fp, sampling_fp, sample_index)   generation cache
     rollout_rewards  rollout key + verifier_fp                          scoring cache
-Both are incremental part-tables: each part holds all K samples of whole turns and is written atomically,
-so a turn is either fully present or absent, a kill -9 loses at most the part in flight, and a rerun
-only generates for turns with no rows under the current (policy_fp, sampling_fp). A verifier change
+Both are incremental part-tables written atomically, one part per batch of whole turns (all of a turn's samples
+in that batch: its K, or one round's under adaptive profiling), so a kill -9 loses at most the part in flight and
+a rerun generates only the sample keys missing under the current (policy_fp, sampling_fp). A verifier change
 re-scores from the cached completions and never regenerates a token.
 
 Sharded (`scale.shards` > 1, profiling/shards.py): a Profiler works on one shard, reads and writes only that
-shard's parts (<table>/shard=NNN/), with deterministic part names. The Ray engine (profiling/ray_job.py) expands
-each turn into K rows, one sample each with its own seed (seeding "per_sample"): its rows resume per sample key
-(turn_id, sample_index), and its sampling fingerprint says so, since they are other draws than the local
-engine's K samples from one generator per turn (seeding "per_turn").
+shard's parts (<table>/shard=NNN/), with deterministic part names.
+
+Seeding (`profiling.seeding`). per_sample (the default): sample i of a turn is drawn under its own seed
+(sample_seed(policy.seed, i), then by turn), so it is the same draw whatever k, the engine (local or Ray) or
+adaptive stopping (profiling/adaptive.py). Rows resume per sample key (turn_id, sample_index); their sampling_fp
+leaves k out, so raising k generates only the missing samples, and every read takes sample_index < k. per_turn:
+one generator for a turn's K samples (the local engine's earlier seeding; its sampling_fp includes k).
+
+The expert action's log-likelihood (policies/base.ActionLikelihood) is computed on the prefill of a turn's first
+generated batch by a backend that can, and stored in `expert_likelihoods`, keyed like the rollouts without the
+sample index; turn_profiles shows it per turn.
 """
 
 from __future__ import annotations
@@ -26,19 +33,20 @@ from typing import TYPE_CHECKING
 import duckdb
 import pyarrow as pa
 
-from pivot_assets.core.catalog import REWARDS_SCHEMA, ROLLOUTS_SCHEMA
+from pivot_assets.core.catalog import EXPERT_LIKELIHOODS_SCHEMA, REWARDS_SCHEMA, ROLLOUTS_SCHEMA
 from pivot_assets.core.hardware import Precision, resolve_dtype
 from pivot_assets.core.ids import canonical_json, short_hash
 from pivot_assets.core.progress import Progress
 from pivot_assets.core.warehouse import Warehouse
 
+from . import adaptive as adaptive_rule
 from .shards import check_layout, part_key, read_sql, shard_turns
 
 if TYPE_CHECKING:
-    from pivot_assets.core.config import PivotConfig, PolicySection
+    from pivot_assets.core.config import AdaptiveSection, PivotConfig, PolicySection
 
 SCORE_CHUNK = 20_000
-PER_TURN, PER_SAMPLE = "per_turn", "per_sample"  # how samples are seeded (local engine, Ray engine)
+PER_TURN, PER_SAMPLE = "per_turn", "per_sample"  # how samples are seeded (`profiling.seeding`)
 
 
 # -- generation ------------------------------------------------------------------------------
@@ -69,6 +77,26 @@ def done_samples(wh: Warehouse, policy_fp: str, sampling_fp: str, shard: int | N
     return {(t, int(i)) for t, i in rows}
 
 
+def done_likelihoods(wh: Warehouse, policy_fp: str, sampling_fp: str, shard: int | None = None) -> set[str]:
+    """Turns whose expert-action likelihood is stored under (policy_fp, sampling_fp)."""
+    if not wh.part_files("expert_likelihoods", shard):
+        return set()
+    rows = duckdb.execute(f"select distinct turn_id from {read_sql(wh, 'expert_likelihoods', shard)} "
+                          "where policy_fp = ? and sampling_fp = ?", [policy_fp, sampling_fp]).fetchall()
+    return {r[0] for r in rows}
+
+
+def write_likelihoods(wh: Warehouse, likelihoods: list, policy_fp: str, sampling_fp: str, shard: int | None,
+                      key: str | None) -> None:
+    """One part of expert_likelihoods, named like the rollouts part written with it (a rerun overwrites both)."""
+    if not likelihoods:
+        return
+    part = pa.Table.from_pylist([{"turn_id": x.turn_id, "policy_fp": policy_fp, "sampling_fp": sampling_fp,
+                                  "expert_logprob": x.logprob, "expert_tokens": x.n_tokens} for x in likelihoods],
+                                schema=EXPERT_LIKELIHOODS_SCHEMA)
+    wh.append_part("expert_likelihoods", part, shard=shard, key=key)
+
+
 def turn_order(wh: Warehouse, turn_ids: Iterable[str]) -> list[str]:
     """The turns in (trajectory, message index) order: consecutive turns share their prompt prefix."""
     con = wh.duck()
@@ -79,9 +107,11 @@ def turn_order(wh: Warehouse, turn_ids: Iterable[str]) -> list[str]:
     return [r[0] for r in rows]
 
 
-def generation_requests(wh: Warehouse, turn_ids: Iterable[str]) -> list:
+def generation_requests(wh: Warehouse, turn_ids: Iterable[str], experts: Iterable[str] = ()) -> list:
     """GenerationRequests (state rebuilt from trajectories.messages[:message_index]) in trajectory order,
-    so a trajectory's turns sit together and the backend can reuse their shared prefix."""
+    so a trajectory's turns sit together and the backend can reuse their shared prefix. The turns in `experts`
+    also carry their expert message (messages[message_index]), for its likelihood."""
+    experts = set(experts)
     from pivot_assets.policies.base import GenerationRequest
 
     con = wh.duck()
@@ -103,6 +133,7 @@ def generation_requests(wh: Warehouse, turn_ids: Iterable[str]) -> list:
             message_index=idx,
             messages=list(messages[:idx]),
             tools=json.loads(tools or "[]"),
+            expert=messages[idx] if tid in experts else None,
         )
         for tid, trid, idx, messages, tools in rows
     ]
@@ -116,12 +147,16 @@ def generate_rollouts(
 
     Rows are keyed by the caller's `policy_fp` (the same one `done_turns` looks up, so resume works). A shard's
     parts are named by their turns, so a rerun of the same batch overwrites it."""
+    from pivot_assets.policies.base import likelihoods_of
+
     traj_of = {r.turn_id: r.trajectory_id for r in requests}
     n_rows = n_tokens = 0
     t0 = time.perf_counter()
     for batch in backend.generate(requests, sampling):
         if not batch:
             continue
+        key = part_key(policy_fp, sampling.fingerprint, rows={s.turn_id for s in batch})
+        write_likelihoods(wh, likelihoods_of(batch), policy_fp, sampling.fingerprint, shard, key)
         part = pa.Table.from_pylist(
             [
                 {
@@ -139,8 +174,7 @@ def generate_rollouts(
             ],
             schema=ROLLOUTS_SCHEMA,
         )
-        key = None if shard is None else part_key(policy_fp, sampling.fingerprint, rows={s.turn_id for s in batch})
-        wh.append_part("rollouts", part, shard=shard, key=key)
+        wh.append_part("rollouts", part, shard=shard, key=None if shard is None else key)
         n_rows += len(batch)
         n_tokens += sum(s.n_completion_tokens for s in batch)
         if progress:
@@ -159,9 +193,9 @@ SCORE_MEMORY = "1GB"
 TRAJECTORY_BATCH = 256
 
 
-def unscored_rollouts_sql(wh: Warehouse, shard: int | None = None) -> str:
-    """The current rollouts of the wanted turns with no reward under $verifier_fp: (turn_id, sample_index,
-    completion) only, no state."""
+def unscored_rollouts_sql(wh: Warehouse, shard: int | None = None, k: int | None = None) -> str:
+    """The current rollouts (sample_index < k) of the wanted turns with no reward under $verifier_fp: (turn_id,
+    sample_index, completion) only, no state."""
     scored = (
         f"""and not exists (select 1 from {read_sql(wh, 'rollout_rewards', shard)} s
               where s.turn_id = r.turn_id and s.policy_fp = r.policy_fp and s.sampling_fp = r.sampling_fp
@@ -173,15 +207,20 @@ def unscored_rollouts_sql(wh: Warehouse, shard: int | None = None) -> str:
         select r.turn_id, r.sample_index, r.completion
         from {read_sql(wh, 'rollouts', shard)} r
         join wanted using (turn_id)
-        where r.policy_fp = $policy_fp and r.sampling_fp = $sampling_fp {scored}
+        where r.policy_fp = $policy_fp and r.sampling_fp = $sampling_fp {_below_k('r', k)} {scored}
     """
 
 
-def pending_turns_sql(wh: Warehouse, shard: int | None = None) -> str:
+def _below_k(alias: str, k: int | None) -> str:
+    """The samples a budget of k takes (per-sample rows of a larger k share the key; per-turn rows are all < k)."""
+    return "" if k is None else f"and {alias}.sample_index < {int(k)}"
+
+
+def pending_turns_sql(wh: Warehouse, shard: int | None = None, k: int | None = None) -> str:
     """The turns with unscored rollouts and where their trajectory is (its row in the trajectories file)."""
     return f"""
         select u.turn_id, u.domain, u.expert_action, u.message_index, t.file_row_number as trajectory_row
-        from (select distinct turn_id from ({unscored_rollouts_sql(wh, shard)})) p
+        from (select distinct turn_id from ({unscored_rollouts_sql(wh, shard, k)})) p
         join read_parquet('{wh.table_path('turns')}') u using (turn_id)
         join read_parquet('{wh.table_path('trajectories')}', file_row_number = true) t using (trajectory_id)
         order by trajectory_row, u.message_index
@@ -252,14 +291,15 @@ def turn_contexts(wh: Warehouse, pending_turns: Iterator[dict]) -> Iterator[tupl
 
 
 def scoring_batches(wh: Warehouse, con: duckdb.DuckDBPyConnection, params: dict,
-                    chunk_rows: int = SCORE_CHUNK, shard: int | None = None) -> Iterator[list[tuple[dict, TurnContext]]]:
+                    chunk_rows: int = SCORE_CHUNK, shard: int | None = None,
+                    k: int | None = None) -> Iterator[list[tuple[dict, TurnContext]]]:
     """Batches of (rollout row, its turn's context), each of whole turns and about chunk_rows rows."""
-    pending = con.execute(pending_turns_sql(wh, shard), params).fetch_arrow_table()  # small: no text but the action
+    pending = con.execute(pending_turns_sql(wh, shard, k), params).fetch_arrow_table()  # small: no text but the action
     if pending.num_rows == 0:
         return
     con.register("pending", pending.select(["turn_id", "trajectory_row", "message_index"]))
     rollouts = _rows(con.execute(
-        f"""select r.turn_id, r.sample_index, r.completion from ({unscored_rollouts_sql(wh, shard)}) r join pending p using (turn_id)
+        f"""select r.turn_id, r.sample_index, r.completion from ({unscored_rollouts_sql(wh, shard, k)}) r join pending p using (turn_id)
             order by p.trajectory_row, p.message_index, r.sample_index""", params).fetch_record_batch(chunk_rows))
     contexts = turn_contexts(wh, (row for b in pending.to_batches(max_chunksize=chunk_rows) for row in b.to_pylist()))
     batch: list[tuple[dict, TurnContext]] = []
@@ -286,9 +326,9 @@ def _advance_to(contexts: Iterator[tuple[str, TurnContext]], turn_id: str) -> Tu
 
 def score_rollouts(
     wh: Warehouse, verifiers, policy_fp: str, sampling_fp: str, turn_ids: Iterable[str], progress_log=None,
-    shard: int | None = None,
+    shard: int | None = None, k: int | None = None,
 ) -> dict:
-    """Score every current rollout of the wanted turns not yet scored under this verifier fingerprint.
+    """Score every current rollout (sample_index < k) of the wanted turns not yet scored under this verifier.
 
     One atomic part per batch of whole turns; each turn's state is read once and shared by its samples."""
     from pivot_assets.verifiers import parse_candidate
@@ -302,7 +342,7 @@ def score_rollouts(
     reasons: dict[str, int] = {}
     t0 = time.perf_counter()
     params = _scoring_params(wh, policy_fp, sampling_fp, verifier_fp, shard)
-    for batch in scoring_batches(wh, con, params, shard=shard):
+    for batch in scoring_batches(wh, con, params, shard=shard, k=k):
         items = [{"domain": c.domain, "expected_action": c.expected_action, "candidate": r["completion"],
                   "tools": c.tools, "state": c.state} for r, c in batch]
         out = []
@@ -328,9 +368,14 @@ def score_rollouts(
 
 
 # -- per-turn profiles -----------------------------------------------------------------------
-def profiles_sql(wh: Warehouse, shard: int | None = None) -> str:
-    """One row per turn under (policy_fp, sampling_fp, verifier_fp); population variance (ddof=0),
-    so for binary rewards reward_var = mean * (1 - mean)."""
+def profiles_sql(wh: Warehouse, shard: int | None = None, k: int | None = None, round_size: int = 2) -> str:
+    """One row per turn under (policy_fp, sampling_fp, verifier_fp) from its samples below k; population variance
+    (ddof=0), so for binary rewards reward_var = mean * (1 - mean). Also the expert action's likelihood, and the
+    columns the adaptive rule reads (adaptive.RULE_COLUMNS: dropped from turn_profiles)."""
+    rewards = read_sql(wh, 'rollout_rewards', shard) if wh.part_files('rollout_rewards', shard) else 'no_rewards'
+    likelihoods = (read_sql(wh, 'expert_likelihoods', shard) if wh.part_files('expert_likelihoods', shard)
+                   else 'no_likelihoods')
+    first = f"s.sample_index < {int(round_size)}"
     return f"""
         select s.turn_id, u.trajectory_id, u.domain, s.policy_fp, s.sampling_fp, s.verifier_fp,
                count(*)::int as k,
@@ -338,23 +383,36 @@ def profiles_sql(wh: Warehouse, shard: int | None = None) -> str:
                var_pop(s.reward) as reward_var,
                stddev_pop(s.reward) as reward_std,
                count(*) filter (where s.reward >= 1.0)::int as n_pass,
-               count(distinct coalesce(s.action, '<unparsed>'))::int as n_distinct_actions
-        from {read_sql(wh, 'rollout_rewards', shard) if wh.part_files('rollout_rewards', shard) else 'no_rewards'} s
+               count(distinct coalesce(s.action, '<unparsed>'))::int as n_distinct_actions,
+               l.expert_logprob, l.expert_tokens,
+               sum(s.reward) as reward_sum,
+               count(distinct s.reward)::int as n_reward_values,
+               bool_and(s.reward in (0.0, 1.0)) as binary_rewards,
+               count(*) filter (where {first} and s.reward >= 1.0)::int as first_round_pass,
+               count(*) filter (where {first})::int as first_round_n
+        from {rewards} s
         join wanted using (turn_id)
         join read_parquet('{wh.table_path('turns')}') u using (turn_id)
+        left join (select turn_id, min(expert_logprob) as expert_logprob, min(expert_tokens) as expert_tokens
+                   from {likelihoods} where policy_fp = $policy_fp and sampling_fp = $sampling_fp
+                   group by turn_id) l using (turn_id)
         where s.policy_fp = $policy_fp and s.sampling_fp = $sampling_fp and s.verifier_fp = $verifier_fp
+              {_below_k('s', k)}
         group by all
         order by s.turn_id
     """
 
 
 def build_profiles(wh: Warehouse, policy_fp: str, sampling_fp: str, verifier_fp: str, turn_ids: Iterable[str],
-                   shard: int | None = None) -> pa.Table:
+                   shard: int | None = None, k: int | None = None, round_size: int = 2) -> pa.Table:
+    """The profile rows with the adaptive rule's columns (adaptive.annotate turns them into turn_profiles)."""
     con = wh.duck()
     _with_wanted(con, turn_ids)
     con.register("no_rewards", REWARDS_SCHEMA.empty_table())  # a shard with no rows yet has an empty profile
+    con.register("no_likelihoods", EXPERT_LIKELIHOODS_SCHEMA.empty_table())
     table = con.execute(
-        profiles_sql(wh, shard), {"policy_fp": policy_fp, "sampling_fp": sampling_fp, "verifier_fp": verifier_fp}
+        profiles_sql(wh, shard, k, round_size),
+        {"policy_fp": policy_fp, "sampling_fp": sampling_fp, "verifier_fp": verifier_fp},
     ).fetch_arrow_table()
     con.close()
     return table
@@ -378,23 +436,43 @@ def policy_precision(policy: "PolicySection") -> Precision:
     return resolve_dtype(policy.dtype, policy.device)
 
 
-def policy_version(policy: "PolicySection", seeding: str = PER_TURN) -> str:
+def adaptive_identity(adaptive: "AdaptiveSection | None", lambda_diff: float) -> dict:
+    """What adaptive stopping adds to the identity of the samples and profiles: its settings and lambda_diff
+    (the rule reads it), or nothing when it is off."""
+    if adaptive is None or not adaptive.enabled:
+        return {}
+    return {"adaptive": {**adaptive.model_dump(), "lambda_diff": lambda_diff}}
+
+
+def policy_version(policy: "PolicySection", seeding: str = PER_TURN, adaptive: "AdaptiveSection | None" = None,
+                   lambda_diff: float = 0.6) -> str:
     """Code version of `rollouts`: the policy identity with the *resolved* dtype (bf16 and fp32 sample
-    slightly different tokens, so moving to a CPU without bf16 must regenerate) and, for the Ray engine, its
-    per-sample seeding (other draws than the local engine's)."""
+    slightly different tokens, so moving to a CPU without bf16 must regenerate), per-sample seeding (other draws
+    than per-turn seeding) and adaptive stopping (which samples exist: turning it off or tightening it tops up)."""
     identity = {k: v for k, v in policy.model_dump().items() if k in POLICY_IDENTITY}
     extra = {} if seeding == PER_TURN else {"seeding": seeding}
-    return short_hash(canonical_json({**identity, "dtype": policy_precision(policy).dtype, **extra}))
+    return short_hash(canonical_json({**identity, "dtype": policy_precision(policy).dtype, **extra,
+                                      **adaptive_identity(adaptive, lambda_diff)}))
 
 
-def seeding_of(engine: str) -> str:
-    """The Ray engine samples each (turn, sample_index) row with its own seed; the local engine K per turn."""
-    return PER_SAMPLE if engine == "ray" else PER_TURN
+PROFILES_VERSION = "2"  # 2: k per turn (samples below policy.k), stop_reason, p_flip, the expert's likelihood
+
+
+def profiles_version(cfg: "PivotConfig") -> str:
+    """Code version of `turn_profiles`: which samples a profile takes (k) and the rule that says why it stopped."""
+    return short_hash(canonical_json({"version": PROFILES_VERSION, "k": cfg.policy.k,
+                                      **adaptive_identity(cfg.profiling.adaptive, cfg.pivots.lambda_diff)}))
 
 
 def sampling_fingerprint(sampling, seeding: str = PER_TURN) -> str:
-    """The rows' sampling_fp: the sampling config's, marked when samples are seeded one by one."""
-    return sampling.fingerprint if seeding == PER_TURN else short_hash(f"{sampling.fingerprint}|{seeding}")
+    """The rows' sampling_fp. per_turn: the sampling config's (k included: a turn's K samples share a generator).
+    per_sample: every field but k, and the seeding: sample i is the same draw whatever k, so a larger k extends
+    the same rows."""
+    if seeding == PER_TURN:
+        return sampling.fingerprint
+    fields = {"temperature": sampling.temperature, "top_p": sampling.top_p, "max_new_tokens": sampling.max_new_tokens,
+              "seed": sampling.seed, "seeding": seeding}
+    return short_hash(canonical_json(fields))
 
 
 def sample_seed(seed: int, sample_index: int) -> int:
@@ -402,6 +480,21 @@ def sample_seed(seed: int, sample_index: int) -> int:
     from pivot_assets.core.ids import seeded_int
 
     return seeded_int(seed, f"sample:{sample_index}")
+
+
+def turn_chunks(rows: list[dict], size: int) -> Iterator[list[dict]]:
+    """The rows in chunks of whole turns (about `size` rows each, at least one turn), turns in first-seen order."""
+    by_turn: dict[str, list[dict]] = {}
+    for r in rows:
+        by_turn.setdefault(r["turn_id"], []).append(r)
+    chunk: list[dict] = []
+    for turn_rows in by_turn.values():
+        if chunk and len(chunk) + len(turn_rows) > size:
+            yield chunk
+            chunk = []
+        chunk += turn_rows
+    if chunk:
+        yield chunk
 
 
 class Profiler:
@@ -412,18 +505,30 @@ class Profiler:
     """
 
     def __init__(self, wh: Warehouse, policy: "PolicySection", verifiers, threads: int | str = "auto",
-                 shard: int | None = None, shards: int = 1, seeding: str = PER_TURN):
+                 shard: int | None = None, shards: int = 1, seeding: str = PER_TURN,
+                 adaptive: "AdaptiveSection | None" = None, lambda_diff: float = 0.6):
+        from pivot_assets.core.config import AdaptiveSection
+
         self.wh, self.policy, self.verifiers, self.threads = wh, policy, verifiers, threads
         self.precision = policy_precision(policy)
         self.shard, self.shards, self.seeding = shard, shards, seeding
+        self.adaptive, self.lambda_diff = adaptive or AdaptiveSection(), lambda_diff
         if (shard is None) != (shards == 1):
             raise ValueError(f"a Profiler works on one shard of {shards}, or unsharded (shard None, shards 1)")
+        if self.adaptive.enabled and seeding != PER_SAMPLE:
+            raise ValueError("adaptive profiling needs per-sample seeding (profiling.seeding: per_sample)")
+        self.prior: adaptive_rule.Prior | None = None  # the posterior rule's prior, once profile() fitted it
 
     @classmethod
     def for_config(cls, cfg: "PivotConfig", verifiers=None, shard: int | None = None) -> "Profiler":
         """The Profiler of one shard (or of the whole table when scale.shards is 1) under this config."""
+        if verifiers is None and cfg.profiling.adaptive.enabled:  # adaptive generation scores between rounds
+            from pivot_assets.verifiers import DomainVerifiers
+
+            verifiers = DomainVerifiers(cfg.verifier)
         return cls(Warehouse(cfg.warehouse_dir), cfg.policy, verifiers, cfg.runtime.threads, shard=shard,
-                   shards=cfg.scale.shards, seeding=seeding_of(cfg.scale.engine))
+                   shards=cfg.scale.shards, seeding=cfg.profiling.seeding, adaptive=cfg.profiling.adaptive,
+                   lambda_diff=cfg.pivots.lambda_diff)
 
     @cached_property
     def sampling(self):
@@ -454,48 +559,123 @@ class Profiler:
         turns = select_turns(self.wh, self.policy.limit_turns)
         return turns if self.shard is None else shard_turns(self.wh, turns, self.shard, self.shards)
 
+    @cached_property
+    def round_size(self) -> int:
+        return min(self.adaptive.round_size, self.sampling.k)
+
+    def build_backend(self):
+        from pivot_assets.core.hardware import configure_torch
+        from pivot_assets.policies.factory import build_backend
+
+        if self.policy.backend == "transformers":
+            configure_torch(self.threads)
+        return build_backend(self.policy, model=policy_model(self.policy, self.wh), threads=self.threads)
+
     def generate(self, log: Callable[[str], None] | None = None) -> dict:
-        """K samples for every wanted turn not yet sampled under (policy_fp, sampling_fp)."""
-        if self.seeding != PER_TURN:
-            raise ValueError("per-sample seeding generates on the Ray engine (profiling/ray_job.py), not here")
+        """Every wanted turn's samples not yet generated: K per turn, or with adaptive profiling the rounds until
+        each turn is settled (scored between rounds)."""
         self.wh.clean_temp_files("rollouts")
+        self.wh.clean_temp_files("expert_likelihoods")
         check_layout(self.wh, self.shards)
+        stats: dict = {"turns_profiled": len(self.turns), "samples_per_turn": self.sampling.k,
+                       "policy_fp": self.policy_fp, "sampling_fp": self.sampling_fp, "seeding": self.seeding,
+                       **self.precision.as_metadata()}
+        backend = _Lazy(self.build_backend)
+        try:
+            if self.seeding == PER_TURN:
+                stats.update(self._generate_per_turn(backend, log))
+            elif self.adaptive.enabled:
+                stats.update(self._generate_adaptive(backend, log))
+            else:
+                stats.update(self._generate_exhaustive(backend, log))
+        finally:  # an engine in its own processes (vLLM) stops here, not at exit (where it would hang the exit)
+            if backend.built:
+                getattr(backend(), "close", lambda: None)()
+        if backend.built:
+            stats.update({k: v for k, v in backend().stats.items() if isinstance(v, (int, float))})
+        return stats
+
+    def _generate_per_turn(self, backend: "_Lazy", log) -> dict:
         done = done_turns(self.wh, self.policy_fp, self.sampling.fingerprint, self.shard)
         pending = [t for t in self.turns if t not in done]
         if log:
             log(f"{len(self.turns)} turns wanted, {len(self.turns) - len(pending)} cached, {len(pending)} to generate"
                 f" ({self.policy.backend}, {self.precision.dtype}: {self.precision.reason})")
-        stats: dict = {"turns_profiled": len(self.turns), "turns_generated": len(pending),
-                       "cache_hits_turns": len(self.turns) - len(pending), "samples_per_turn": self.sampling.k,
-                       "policy_fp": self.policy_fp, "sampling_fp": self.sampling.fingerprint,
-                       **self.precision.as_metadata()}
+        stats: dict = {"turns_generated": len(pending), "cache_hits_turns": len(self.turns) - len(pending)}
         if pending:
-            from pivot_assets.core.hardware import configure_torch
-            from pivot_assets.policies.factory import build_backend
-
-            if self.policy.backend == "transformers":
-                configure_torch(self.threads)
-            backend = build_backend(self.policy, model=policy_model(self.policy, self.wh), threads=self.threads)
             progress = Progress(total=len(pending) * self.sampling.k, log=log)
-            try:
-                stats.update(generate_rollouts(self.wh, backend, self.policy_fp, self.sampling,
-                                               generation_requests(self.wh, pending), progress, shard=self.shard))
-            finally:  # an engine in its own processes (vLLM) stops here, not at exit (where it would hang the exit)
-                getattr(backend, "close", lambda: None)()
-            stats.update({k: v for k, v in backend.stats.items() if isinstance(v, (int, float))})
+            stats.update(generate_rollouts(self.wh, backend(), self.policy_fp, self.sampling,
+                                           generation_requests(self.wh, pending, experts=pending), progress,
+                                           shard=self.shard))
         return stats
 
-    def score(self, log: Callable[[str], None] | None = None) -> dict:
-        """Score every current rollout of the wanted turns not yet scored under this verifier set."""
+    def _generate_exhaustive(self, backend: "_Lazy", log) -> dict:
+        rows = self.pending_samples()
+        pending = {r["turn_id"] for r in rows}
+        if log:
+            log(f"{len(self.turns)} turns wanted, {len(self.turns) - len(pending)} complete, {len(rows)} samples of "
+                f"{len(pending)} turns to generate ({self.policy.backend}, {self.precision.dtype}: "
+                f"{self.precision.reason})")
+        stats: dict = {"turns_generated": len(pending), "cache_hits_turns": len(self.turns) - len(pending)}
+        if rows:
+            stats.update(self.generate_rows(backend(), rows, Progress(total=len(rows), log=log)))
+        return stats
+
+    def _generate_adaptive(self, backend: "_Lazy", log) -> dict:
+        """Rounds of adaptive.run_rounds: the samples each open turn lacks up to its next round, then scoring."""
+        order = turn_order(self.wh, self.turns)
+        generated: set[str] = set()
+        progress = Progress(total=len(order) * self.sampling.k, log=log)  # at most: every turn sampled to k
+
+        def generate(todo: dict[str, range]) -> dict:
+            done = done_samples(self.wh, self.policy_fp, self.sampling_fp, self.shard)
+            rows = [{"turn_id": t, "sample_index": i} for t in order if t in todo for i in todo[t] if (t, i) not in done]
+            generated.update(r["turn_id"] for r in rows)
+            return self.generate_rows(backend(), rows, progress) if rows else {}
+
+        def score(turns: list[str]) -> dict:
+            return self.score(log=None, turn_ids=turns)
+
+        if self.verifiers is None:
+            raise ValueError("adaptive profiling scores between rounds: the Profiler needs the verifiers")
+        stats = adaptive_rule.run_rounds(order, self.counts, generate, score, self.adaptive, self.sampling.k,
+                                         self.lambda_diff, log)
+        stats["turns_generated"] = len(generated)
+        stats["cache_hits_turns"] = len(self.turns) - len(generated)
+        return stats
+
+    def generate_rows(self, backend, rows: list[dict], progress: Progress | None = None) -> dict:
+        """generate_samples over the rows in parts of whole turns (about policy.batch_size rows each), so a kill
+        loses at most the part in flight."""
+        n_rows = n_tokens = 0
+        t0 = time.perf_counter()
+        for chunk in turn_chunks(rows, self.policy.batch_size):
+            out = self.generate_samples(backend, chunk)
+            n_rows, n_tokens = n_rows + out["rows"], n_tokens + out["tokens"]
+            if progress:
+                progress.update(out["rows"])
+        wall = time.perf_counter() - t0
+        return {"rollouts_generated": n_rows, "generated_tokens": n_tokens, "generation_s": round(wall, 2),
+                "tokens_per_s": round(n_tokens / wall, 1) if wall > 0 else 0.0}
+
+    def score(self, log: Callable[[str], None] | None = None, turn_ids: Iterable[str] | None = None) -> dict:
+        """Score every current rollout of the wanted turns (or of `turn_ids`) not yet scored under this verifier set."""
         self.wh.clean_temp_files("rollout_rewards")
-        stats = score_rollouts(self.wh, self.verifiers, self.policy_fp, self.sampling_fp, self.turns,
-                               progress_log=log, shard=self.shard)
+        stats = score_rollouts(self.wh, self.verifiers, self.policy_fp, self.sampling_fp,
+                               self.turns if turn_ids is None else turn_ids, progress_log=log, shard=self.shard,
+                               k=self.sampling.k)
         return {"verifier_fp": self.verifiers.fingerprint, **stats}
 
+    def counts(self) -> pa.Table:
+        """The profile rows with the adaptive rule's columns (adaptive.RULE_COLUMNS)."""
+        return build_profiles(self.wh, self.policy_fp, self.sampling_fp, self.verifiers.fingerprint, self.turns,
+                              shard=self.shard, k=self.sampling.k, round_size=self.round_size)
+
     def profile(self) -> pa.Table:
-        """One row per wanted turn under (policy_fp, sampling_fp, verifier_fp)."""
-        return build_profiles(self.wh, self.policy_fp, self.sampling_fp, self.verifiers.fingerprint,
-                              self.turns, shard=self.shard)
+        """One row per wanted turn under (policy_fp, sampling_fp, verifier_fp): its samples below k, why its
+        sampling stopped (stop_reason, p_flip) and its expert action's likelihood."""
+        table, self.prior = adaptive_rule.annotate(self.counts(), self.adaptive, self.sampling.k, self.lambda_diff)
+        return table
 
     def write_profiles(self, table: pa.Table) -> None:
         """The whole table unsharded; one part per shard (always the same name: a rerun replaces it)."""
@@ -504,7 +684,7 @@ class Profiler:
         else:
             self.wh.append_part("turn_profiles", table, shard=self.shard, key="profiles")
 
-    # -- per-sample generation (the Ray engine's rows; ray_job.py feeds them through Ray Data) -------
+    # -- per-sample generation (the local engine's rows and the Ray engine's; ray_job.py feeds them through Ray Data)
     def pending_samples(self) -> list[dict]:
         """(turn_id, sample_index) rows of this shard not yet generated, in trajectory order, so a batch holds
         consecutive turns of a trajectory (prefix reuse). The transformers backend decodes a turn's K rows
@@ -519,40 +699,69 @@ class Profiler:
 
     def generate_samples(self, backend, rows: list[dict]) -> dict:
         """Generate one sample per (turn_id, sample_index) row, each seeded by (sample_seed(seed, i), turn_id);
-        write them as ONE part named by its rows, so a retried batch overwrites its own part."""
-        requests = {q.turn_id: q for q in generation_requests(self.wh, {r["turn_id"] for r in rows})}
+        write them as ONE part named by its rows, so a retried batch overwrites its own part. The turns without a
+        stored expert likelihood get it too (a backend that teacher-forces), in a part of the same name."""
+        turns = {r["turn_id"] for r in rows}
+        experts = (turns - done_likelihoods(self.wh, self.policy_fp, self.sampling_fp, self.shard)
+                   if getattr(backend, "scores_expert_actions", False) else set())
+        requests = {q.turn_id: q for q in generation_requests(self.wh, turns, experts)}
         t0 = time.perf_counter()
-        samples = (self._samples_per_row(backend, rows, requests) if getattr(backend, "per_row_seeds", False)
-                   else self._samples_per_index(backend, rows, requests))
+        samples, likelihoods = (self._samples_per_row(backend, rows, requests)
+                                if getattr(backend, "per_row_seeds", False)
+                                else self._samples_per_index(backend, rows, requests))
         part = pa.Table.from_pylist([
             {"turn_id": s.turn_id, "trajectory_id": requests[s.turn_id].trajectory_id, "policy_fp": self.policy_fp,
              "sampling_fp": self.sampling_fp, "sample_index": s.sample_index, "completion": s.completion,
              "n_prompt_tokens": s.n_prompt_tokens, "n_completion_tokens": s.n_completion_tokens,
              "finish_reason": s.finish_reason} for s in samples], schema=ROLLOUTS_SCHEMA)
         key = part_key(self.policy_fp, self.sampling_fp, rows=(f"{s.turn_id}:{s.sample_index}" for s in samples))
+        write_likelihoods(self.wh, likelihoods, self.policy_fp, self.sampling_fp, self.shard, key)
         self.wh.append_part("rollouts", part, shard=self.shard, key=key)
         return {"rows": len(samples), "tokens": sum(s.n_completion_tokens for s in samples),
                 "seconds": time.perf_counter() - t0}
 
-    def _samples_per_index(self, backend, rows: list[dict], requests: dict) -> list:
-        """One backend call per sample index i (K=1 under sample_seed(seed, i)), the turns of that index batched."""
+    def _samples_per_index(self, backend, rows: list[dict], requests: dict) -> tuple[list, list]:
+        """One backend call per sample index i (K=1 under sample_seed(seed, i)), the turns of that index batched;
+        the expert actions ride along with the first call only."""
         from dataclasses import replace
+
+        from pivot_assets.policies.base import likelihoods_of
 
         by_index: dict[int, list[str]] = {}
         for r in rows:
             by_index.setdefault(int(r["sample_index"]), []).append(str(r["turn_id"]))
-        samples = []
-        for i, turn_ids in sorted(by_index.items()):
+        samples, likelihoods = [], []
+        for call, (i, turn_ids) in enumerate(sorted(by_index.items())):
             one = replace(self.sampling, k=1, seed=sample_seed(self.sampling.seed, i))
-            for batch in backend.generate([requests[t] for t in turn_ids], one):
+            batch_requests = [requests[t] if call == 0 else replace(requests[t], expert=None) for t in turn_ids]
+            for batch in backend.generate(batch_requests, one):
                 samples += [replace(s, sample_index=i) for s in batch]
-        return samples
+                likelihoods += likelihoods_of(batch)
+        return samples, likelihoods
 
-    def _samples_per_row(self, backend, rows: list[dict], requests: dict) -> list:
+    def _samples_per_row(self, backend, rows: list[dict], requests: dict) -> tuple[list, list]:
         """One backend call: a turn's rows share its prefill and decode loop, each row drawing from its own
         generator seeded as _samples_per_index seeds it (the same draws, one prefill instead of K)."""
+        from pivot_assets.policies.base import likelihoods_of
+
         plan: dict[str, list[tuple[int, int]]] = {}
         for r in rows:
             i = int(r["sample_index"])
             plan.setdefault(str(r["turn_id"]), []).append((i, sample_seed(self.sampling.seed, i)))
-        return [s for batch in backend.generate([requests[t] for t in plan], self.sampling, rows=plan) for s in batch]
+        samples, likelihoods = [], []
+        for batch in backend.generate([requests[t] for t in plan], self.sampling, rows=plan):
+            samples += batch
+            likelihoods += likelihoods_of(batch)
+        return samples, likelihoods
+
+
+class _Lazy:
+    """A value built on first use (the policy backend: a run with nothing to generate never loads the model)."""
+
+    def __init__(self, build: Callable):
+        self._build, self._value, self.built = build, None, False
+
+    def __call__(self):
+        if not self.built:
+            self._value, self.built = self._build(), True
+        return self._value

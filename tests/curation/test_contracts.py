@@ -59,7 +59,8 @@ def build_world() -> dict[str, pl.DataFrame]:
             var = sum((r - mean) ** 2 for r in sample_rewards) / K
             profiles.append({"turn_id": tid, "trajectory_id": traj, "domain": "retail", "policy_fp": "pol", "sampling_fp": "samp", "verifier_fp": "ver",
                              "k": K, "reward_mean": mean, "reward_var": var, "reward_std": var ** 0.5,
-                             "n_pass": sum(r == 1.0 for r in sample_rewards), "n_distinct_actions": 1})
+                             "n_pass": sum(r == 1.0 for r in sample_rewards), "n_distinct_actions": 1,
+                             "expert_logprob": -12.5, "expert_tokens": 20, "stop_reason": "k_reached", "p_flip": 0.0})
     world = {
         "trajectories": pl.DataFrame(trajectories),
         "quarantine": pl.DataFrame({"source": ["handmade"], "record": ["9"], "reason": ["no assistant message"], "raw": ["{}"]}),

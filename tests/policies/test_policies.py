@@ -222,6 +222,40 @@ def test_per_row_seeds_draw_what_one_call_per_sample_draws(backend):
     assert len({one_by_one[("a2", i)] for i in seeds}) > 1  # the seeds really draw different samples
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_expert_likelihood_equals_direct_teacher_forcing_and_leaves_the_samples_alone(backend, temperature):
+    """The expert action's log-likelihood from the prefill equals one forward over prompt + action (position j-1's
+    tempered log-softmax scoring token j, the end-of-turn token included), and sampling from a cache that also
+    holds the action draws exactly what sampling without it draws."""
+    from dataclasses import replace
+
+    from pivot_assets.policies.base import likelihoods_of
+
+    experts = {"a2": MESSAGES[2], "a4": MESSAGES[4], "b1": _msg("assistant", "Hi!")}
+    requests = [replace(r, expert=experts[r.turn_id]) for r in _requests()]
+    sampling = SamplingConfig(k=2, temperature=temperature, max_new_tokens=10, seed=3)
+    batches = list(backend.generate(requests, sampling))
+    got = {x.turn_id: x for b in batches for x in likelihoods_of(b)}
+    assert set(got) == set(experts)
+    tok = backend.tokenizer
+    for r in requests:
+        prompt = render_prompt(tok, r.messages, r.tools)
+        prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        full = tok.apply_chat_template(to_template_messages([*r.messages, r.expert]), tools=r.tools or None,
+                                       tokenize=False, add_generation_prompt=False)
+        action = tok(full[len(prompt):], add_special_tokens=False)["input_ids"]
+        action = action[: action.index(tok.convert_tokens_to_ids("<|im_end|>")) + 1]
+        with torch.no_grad():
+            logits = backend.model(input_ids=torch.tensor([prompt_ids + action])).logits[0].float()
+        direct = torch.log_softmax(logits[len(prompt_ids) - 1 : -1] / temperature, -1).gather(
+            -1, torch.tensor(action)[:, None]).sum().item()
+        assert got[r.turn_id].n_tokens == len(action)
+        assert got[r.turn_id].logprob == pytest.approx(direct, abs=1e-3)
+    plain = [s.completion for b in backend.generate(_requests(), sampling) for s in b]
+    assert [s.completion for b in batches for s in b] == plain
+
+
 @pytest.mark.gpu
 @pytest.mark.vllm
 def test_vllm_backend_samples_every_turn_on_a_gpu(embedded_model_dir):
