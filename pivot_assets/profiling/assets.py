@@ -61,7 +61,12 @@ def build_assets(cfg: PivotConfig) -> list:
     def profiler(shard: int | None) -> Profiler:
         return Profiler.for_config(cfg, verifiers, shard)
 
-    @dg.asset(deps=policy_deps, group_name=GROUP, code_version=policy_version(cfg.policy, seeding),
+    # The warm-up split decides which turns are profiled (core/split.py); a two-way split keeps the old version.
+    split = [cfg.training.eval_fraction, cfg.training.warmup_fraction, cfg.training.seed]
+    version = policy_version(cfg.policy, seeding)
+    version = f"{version}|split:{split}" if cfg.training.warmup_fraction else version
+
+    @dg.asset(deps=policy_deps, group_name=GROUP, code_version=version,
               kinds={"parquet", "pytorch", *(["ray"] if cfg.scale.engine == "ray" else [])},
               partitions_def=partitions, pool=GENERATION_POOL)
     def rollouts(context: dg.AssetExecutionContext) -> dg.MaterializeResult:

@@ -30,6 +30,7 @@ from pivot_assets.core.catalog import REWARDS_SCHEMA, ROLLOUTS_SCHEMA
 from pivot_assets.core.hardware import Precision, resolve_dtype
 from pivot_assets.core.ids import canonical_json, short_hash
 from pivot_assets.core.progress import Progress
+from pivot_assets.core.split import WARMUP, ConversationSplit
 from pivot_assets.core.warehouse import Warehouse
 
 from .shards import check_layout, part_key, read_sql, shard_turns
@@ -42,10 +43,17 @@ PER_TURN, PER_SAMPLE = "per_turn", "per_sample"  # how samples are seeded (local
 
 
 # -- generation ------------------------------------------------------------------------------
-def select_turns(wh: Warehouse, limit_turns: int | None) -> list[str]:
-    """The turns to profile: all, or the first N by turn_id (a stable, content-derived order)."""
+def select_turns(wh: Warehouse, limit_turns: int | None, split: "ConversationSplit | None" = None) -> list[str]:
+    """The turns to profile: all but the warm-up conversations' (the reference never profiles what it was trained
+    on: core/split.py), or the first N of them by turn_id (a stable, content-derived order)."""
     limit = f"limit {int(limit_turns)}" if limit_turns else ""
-    return [r[0] for r in duckdb.sql(f"select turn_id from read_parquet('{wh.table_path('turns')}') order by turn_id {limit}").fetchall()]
+    con = wh.duck()
+    skip = sorted(split.trajectories(wh, WARMUP)) if split is not None and split.warmup_fraction else []
+    con.register("warmup", pa.table({"trajectory_id": pa.array(skip, pa.string())}))
+    rows = con.execute(f"select turn_id from read_parquet('{wh.table_path('turns')}') "
+                       f"where trajectory_id not in (select trajectory_id from warmup) order by turn_id {limit}").fetchall()
+    con.close()
+    return [r[0] for r in rows]
 
 
 def done_turns(wh: Warehouse, policy_fp: str, sampling_fp: str, shard: int | None = None) -> set[str]:
@@ -412,8 +420,9 @@ class Profiler:
     """
 
     def __init__(self, wh: Warehouse, policy: "PolicySection", verifiers, threads: int | str = "auto",
-                 shard: int | None = None, shards: int = 1, seeding: str = PER_TURN):
-        self.wh, self.policy, self.verifiers, self.threads = wh, policy, verifiers, threads
+                 shard: int | None = None, shards: int = 1, seeding: str = PER_TURN,
+                 split: ConversationSplit | None = None):
+        self.wh, self.policy, self.verifiers, self.threads, self.split = wh, policy, verifiers, threads, split
         self.precision = policy_precision(policy)
         self.shard, self.shards, self.seeding = shard, shards, seeding
         if (shard is None) != (shards == 1):
@@ -423,7 +432,8 @@ class Profiler:
     def for_config(cls, cfg: "PivotConfig", verifiers=None, shard: int | None = None) -> "Profiler":
         """The Profiler of one shard (or of the whole table when scale.shards is 1) under this config."""
         return cls(Warehouse(cfg.warehouse_dir), cfg.policy, verifiers, cfg.runtime.threads, shard=shard,
-                   shards=cfg.scale.shards, seeding=seeding_of(cfg.scale.engine))
+                   shards=cfg.scale.shards, seeding=seeding_of(cfg.scale.engine),
+                   split=ConversationSplit.from_config(cfg))
 
     @cached_property
     def sampling(self):
@@ -449,9 +459,9 @@ class Profiler:
 
     @cached_property
     def turns(self) -> list[str]:
-        """The wanted turns (all, or the first limit_turns), then those of this shard: the shards of a
-        limit_turns config together profile exactly the turns one unsharded run would."""
-        turns = select_turns(self.wh, self.policy.limit_turns)
+        """The wanted turns (all outside the warm-up split, or the first limit_turns of them), then those of this
+        shard: the shards of a limit_turns config together profile exactly the turns one unsharded run would."""
+        turns = select_turns(self.wh, self.policy.limit_turns, self.split)
         return turns if self.shard is None else shard_turns(self.wh, turns, self.shard, self.shards)
 
     def generate(self, log: Callable[[str], None] | None = None) -> dict:
