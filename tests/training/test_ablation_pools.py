@@ -66,3 +66,25 @@ def test_arms_train_on_their_set_in_the_pool_and_d_cand_is_redrawn_per_seed_size
                        "overlap": len(set(draws[1]["turn_id"]) & set(adv["turn_id"]))}
     # candidates are every profiled pool turn, D_adv those with mean <= 0.6 and variance: the overlap is partial
     assert 0 < overlap["overlap"] < adv.height
+
+
+def test_every_policy_is_scored_with_the_draws_it_is_compared_on(tmp_path, monkeypatch):
+    """arm/s with seed s's draw; the reference with every seed's (each arm/s is paired with it on draw s); the base
+    model with the first seed's; a model asked for by several policies is scored once with all their draws."""
+    from pivot_assets.training.ablation import ablation_policies
+    from pivot_assets.training.evaluation import _draws_by_model, local_key
+    from pivot_assets.verifiers import DomainVerifiers
+
+    monkeypatch.setattr("pivot_assets.policies.models.policy_fingerprint", lambda model, fmt=None: f"fp:{model}")
+    cfg = _cfg(tmp_path)
+    wh = Warehouse(tmp_path / "wh")
+    policies, pooled = ablation_policies(wh, cfg)
+    by = {p.name: p for p in policies}
+    assert by["base"].draws == (0,) and by["reference"].draws == (0, 1, 2)
+    assert by["grpo_adv/s1"].draws == (1,) and by["grpo_adv/s1"].seed == 1
+    assert pooled["grpo_cand"] == ["grpo_cand/s0", "grpo_cand/s1", "grpo_cand/s2"]
+    wanted = _draws_by_model(cfg, policies)  # policy.model embedded: base and reference are one model
+    assert len(wanted) == 1 + 5 * 3 and wanted["fp:embedded"] == ("embedded", [0, 1, 2])
+    verifiers = DomainVerifiers(cfg.verifier)
+    keys = {local_key(cfg, ["u1"], verifiers, d) for d in (0, 1, 2)}
+    assert len(keys) == 3  # every draw its own cache entry
