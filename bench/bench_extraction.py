@@ -64,7 +64,8 @@ def build_chunk(start: int, n: int) -> pa.Table:
             call_ids.append(f"c{i}_{k}")
             names.append(name)
             args.append(f'{{"order_id":"ORD-{i + (k == 1)}"}}')
-    calls = pa.StructArray.from_arrays([pa.array(call_ids), pa.array(names), pa.array(args)],
+    calls = pa.StructArray.from_arrays([pa.array(call_ids), pa.array(names), pa.array(args),
+                                        pa.nulls(len(call_ids), pa.string())],  # no accepted values
                                        fields=list(MESSAGE_TYPE.field("tool_calls").type.value_type))
     n_calls = np.tile(np.array([c for _, c in TEMPLATE]), n)
     offsets = pa.array(np.concatenate([[0], np.cumsum(n_calls)]).astype(np.int32))

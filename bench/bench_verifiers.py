@@ -6,7 +6,12 @@ the edits; the edits use their own regexes, not the verifiers' fact extraction. 
 version-1 behaviour ("before": `facts: ignore`, `arithmetic: false`, tool_name `accept_any_reply: true`) and
 in the default behaviour ("after").
 
-Part 2, throughput (`--only speed`) on pairs drawn from REAL tool calls (one core, single process).
+Part 2, throughput (`--only speed`) on pairs drawn from REAL tool calls (one core, single process), with the
+verifier package of a baseline git ref (default: main) loaded side by side and timed in the same run, so a
+loaded machine slows both alike.
+
+Part 3, BFCL's own AST checker as the peer (`--only bfcl`): tests/verifiers/bfcl_peer.py builds cases from
+BFCL's single-turn data with each kind of change; the table by kind of change and the policy differences.
 
 Real calls: every function_call in the NeMo-Gym rollouts (inputs, outputs, expected actions; with the row's
 tools, so schema validation runs) and every assistant tool call of the tau2-bench airline run (no tools).
@@ -18,7 +23,8 @@ Each pair's expected action is a real call (as JSON text, as stored in the turns
   text          a plain-text reply
   openai        the same call as an OpenAI chat message dict with tool_calls (arguments as JSON text)
 
-Usage: .venv/bin/python bench/bench_verifiers.py [--pairs 100000] [--seed 0] [--only near-misses|speed]
+Usage: .venv/bin/python bench/bench_verifiers.py [--pairs 100000] [--seed 0] [--baseline-ref main]
+                                                 [--only near-misses|speed|bfcl]
 Prints markdown tables; results are recorded in bench/RESULTS_verifiers.md.
 """
 
@@ -27,11 +33,15 @@ from __future__ import annotations
 import argparse
 import ast
 import glob
+import importlib
 import json
 import os
 import random
 import re
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -40,7 +50,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pivot_assets.verifiers import build_verifier  # noqa: E402
-from pivot_assets.verifiers import arithmetic, canonical, facts, parsing, string_similarity, tool_call  # noqa: E402
+from pivot_assets.verifiers.arguments import is_free_text  # noqa: E402
+from pivot_assets.verifiers.canonical import n_words  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data"
 KINDS = ("reserialized", "hermes", "wrong_arg", "wrong_tool", "text", "openai")
@@ -150,14 +161,19 @@ def make_pairs(calls, n: int, seed: int) -> list[dict]:
     return pairs
 
 
+VERIFIER_PACKAGES = ("pivot_assets.verifiers", "baseline_verifiers")
+
+
 def clear_caches() -> None:
-    for fn in (parsing._prepare_text_cached, parsing._prepare_expected_text, tool_call.schema_info,
-               tool_call.compiled_validator,
-               tool_call._validation_error_cached, tool_call._tools_index_from_text, canonical.normalize_text,
-               canonical.word_counts, string_similarity.shell_normalize, facts.extract, facts.value_facts_of_key,
-               facts.date_key, facts.surface_json, facts.text_fact_difference, facts._word_counts,
-               arithmetic._parse):
-        fn.cache_clear()
+    """Every lru_cache of the verifier packages loaded (this checkout's and the baseline's), and tool indexes."""
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith(VERIFIER_PACKAGES):
+            continue
+        for value in list(vars(module).values()):
+            if callable(getattr(value, "cache_clear", None)) and getattr(value, "__module__", "") == name:
+                value.cache_clear()
+        if isinstance(getattr(module, "_LIST_INDEX", None), dict):
+            module._LIST_INDEX.clear()
 
 
 def timed(verifier, pairs) -> tuple[float, float, list]:
@@ -168,6 +184,25 @@ def timed(verifier, pairs) -> tuple[float, float, list]:
     return time.perf_counter() - t0, time.process_time() - c0, scores
 
 
+def load_baseline(ref: str):
+    """The verifier package of git `ref`, imported as `baseline_verifiers` (its own registry and caches), or
+    None when the ref cannot be read. Its absolute imports of pivot_assets.core resolve to this checkout."""
+    try:
+        names = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{ref}:pivot_assets/verifiers"],
+                               check=True, capture_output=True, text=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    target = Path(tempfile.mkdtemp(prefix="baseline_verifiers_")) / "baseline_verifiers"
+    target.mkdir()
+    for name in names:
+        if name.endswith(".py"):
+            source = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:pivot_assets/verifiers/{name}"],
+                                    check=True, capture_output=True, text=True).stdout
+            (target / name).write_text(source.replace("pivot_assets.verifiers", "baseline_verifiers"))
+    sys.path.insert(0, str(target.parent))
+    return importlib.import_module("baseline_verifiers")
+
+
 def calibration_us() -> float:
     """Microseconds for sum(range(1000)) here: a yardstick for how fast (or how contended) this core is."""
     import timeit
@@ -175,7 +210,13 @@ def calibration_us() -> float:
     return min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000 * 1e6
 
 
-def speed(args) -> None:
+def _best_of(verifier, pairs, repeats: int) -> tuple[float, float, list]:
+    """The fastest of `repeats` cold-cache runs (CPU time), and its scores."""
+    runs = [timed(verifier, pairs) for _ in range(repeats)]
+    return min(runs, key=lambda r: r[1])
+
+
+def speed(args, baseline) -> None:
     calls = real_calls()
     if not calls:
         sys.exit(f"no real tool calls found under {DATA}")
@@ -185,11 +226,31 @@ def speed(args) -> None:
           f"{sum(c[2] is not None for c in calls)} with tool schemas); {len(pairs)} pairs, "
           f"{distinct} distinct candidates\n")
     print(f"calibration: sum(range(1000)) = {calibration_us():.1f} us on this core "
-          f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)\n")
+          f"(load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs)\n")
+    # This checkout's tool_call and the baseline's, alternated so that a change in the machine's load hits both.
+    rows = [("`tool_call` (this checkout)", build_verifier({"name": "tool_call"}))]
+    if baseline is not None:
+        rows.append((f"`tool_call` ({args.baseline_ref}, same run)", baseline.build_verifier({"name": "tool_call"})))
+    print(f"`tool_call` against its baseline: {args.repeats} alternating cold-cache runs each, CPU time "
+          "(best and median)\n")
+    print("| verifier | pairs | scores/s (CPU, best) | scores/s (CPU, median) | mean reward |")
+    print("|---|---:|---:|---:|---:|")
+    runs: dict[str, list] = {label: [] for label, _ in rows}
+    for _ in range(args.repeats):
+        for label, v in rows:
+            runs[label].append(timed(v, pairs))
+    for label, _ in rows:
+        cpus = [r[1] for r in runs[label]]
+        scores = runs[label][0][2]
+        print(f"| {label} | {len(pairs)} | {len(pairs) / min(cpus):,.0f} | {len(pairs) / statistics.median(cpus):,.0f} | "
+              f"{sum(sc.reward for sc in scores) / len(scores):.3f} |")
+    print(f"\n(load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())})\n")
+
     print("| verifier | pairs | wall s | CPU s | scores/s (wall) | scores/s (CPU) | mean reward |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     results = {}
-    for spec in ({"name": "tool_call"}, BEFORE["tool_call"], {"name": "tool_call", "mode": "f1"}, {"name": "exact"},
+    for spec in ({"name": "tool_call"}, BEFORE["tool_call"], {"name": "tool_call", "mode": "f1"},
+                 {"name": "tool_call", "strings": "bfcl"}, {"name": "exact"},
                  {"name": "string_similarity", "mode": "commands"},
                  {"name": "string_similarity", "mode": "commands", "facts": "ignore"},
                  {"name": "tool_name"}, BEFORE["tool_name"]):
@@ -219,6 +280,64 @@ def speed(args) -> None:
         reasons = Counter(s.reason for s in ks).most_common(3)
         print(f"| {kind} | {len(ks)} | {len(sub) / cpu:,.0f} | {sum(s.reward for s in ks) / len(ks):.3f} | "
               + ", ".join(f"{r} {c}" for r, c in reasons) + " |")
+    acceptable_speed(args.repeats)
+
+
+def acceptable_speed(repeats: int) -> None:
+    """Throughput on the BFCL peer cases: expected calls with `acceptable`, candidates as Hermes text."""
+    from tests.verifiers import bfcl_peer
+
+    cases = bfcl_peer.make_cases(bfcl_peer.load_items())
+    pairs = [{"expected_action": c.item.expected, "candidate": c.candidate, "tools": c.item.tools} for c in cases]
+    n_tools = len({json.dumps(c.item.tools, sort_keys=True) for c in cases})
+    print(f"\nBFCL peer cases (expected calls with `acceptable`, {n_tools} distinct tool lists; CPU time; cold: "
+          f"every cache cleared, best of {repeats}; warm: a second pass):\n")
+    print("| verifier | pairs | scores/s cold | scores/s warm | mean reward |")
+    print("|---|---:|---:|---:|---:|")
+    for spec in ({"name": "tool_call"}, {"name": "tool_call", "strings": "bfcl"}):
+        verifier = build_verifier(spec)
+        _, cpu, scores = _best_of(verifier, pairs, repeats)
+        c0 = time.process_time()
+        verifier.score_many(pairs)
+        warm = time.process_time() - c0
+        print(f"| `{json.dumps(spec)}` | {len(pairs)} | {len(pairs) / cpu:,.0f} | {len(pairs) / warm:,.0f} | "
+              f"{sum(s.reward for s in scores) / len(scores):.3f} |")
+
+
+def bfcl_report() -> None:
+    """tool_call against BFCL's AST checker: the table by kind of change and the policy differences."""
+    from tests.verifiers import bfcl_peer
+
+    t0 = time.perf_counter()
+    items = bfcl_peer.load_items()
+    cases = bfcl_peer.make_cases(items)
+    comparisons = [bfcl_peer.compare(cases, "exact", {"name": "tool_call"}),
+                   bfcl_peer.compare(cases, "bfcl", {"name": "tool_call", "strings": "bfcl"}),
+                   bfcl_peer.compare(cases, "no acceptable", {"name": "tool_call"}, use_acceptable=False)]
+    print(f"{len(items)} BFCL items ({', '.join(bfcl_peer.CATEGORIES)}), {len(cases)} cases, "
+          f"{time.perf_counter() - t0:.1f} s with both checkers\n")
+    print("Columns: `exact` = `tool_call` defaults (`strings: exact`) with the possible answers as `acceptable`; "
+          "`bfcl` = the same with `strings: bfcl`; `no acceptable` = defaults with one reference call (the first "
+          "accepted values) and no `acceptable`. accepts = reward 1; agrees = same verdict as BFCL.\n")
+    print("\n".join(bfcl_peer.by_kind_table(cases, comparisons)))
+    same_rule = [i for i, c in enumerate(cases) if c.kind != "float for int"]
+    print("\nDisagreements with BFCL by documented policy (none may be unexplained):\n")
+    print("| policy | " + " | ".join(c.label for c in comparisons) + " |")
+    print("|---|" + "---:|" * len(comparisons))
+    for policy, why in bfcl_peer.POLICIES.items():
+        print(f"| {policy}: {why} | " + " | ".join(str(c.explained.get(policy, 0)) for c in comparisons) + " |")
+    print("| **unexplained false accepts** | " + " | ".join(str(len(c.false_accepts)) for c in comparisons) + " |")
+    print("| **unexplained false rejects** | " + " | ".join(str(len(c.false_rejects)) for c in comparisons) + " |")
+    print("\nAgreement where both judge by the same rule (every case but a float for an integer parameter, "
+          f"{len(same_rule)} cases):\n")
+    for c in comparisons:
+        agree = sum((c.scores[i].reward == 1.0) == bool(cases[i].bfcl["valid"]) for i in same_rule)
+        print(f"- {c.label}: {agree} of {len(same_rule)} ({agree / len(same_rule):.2%})")
+    print("\n(`no acceptable` is there to show what a single reference call loses: its false rejects are the "
+          "listed values and omissions it cannot know.)")
+    for c in comparisons[:2]:
+        for case, score in (c.false_accepts + c.false_rejects)[:5]:
+            print(f"- unexplained, {c.label}: {bfcl_peer.describe(case, score)}")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -235,7 +354,7 @@ MONTHS = ("January February March April May June July August September October N
 FACT_EDITS = {
     "reservation/flight id": re.compile(r"\b(?=[A-Z0-9]*\d)(?=[A-Z0-9]*[A-Z])[A-Z0-9]{5,9}\b"),
     "user/order id": re.compile(r"\b[a-z]+_[a-z]+_\d{3,5}\b|#[A-Z]?\d{5,9}\b"),
-    "money": re.compile(r"\$\d[\d,]*(?:\.\d\d)?"),
+    "money": re.compile(r"\$\d+(?:,\d{3})*(?:\.\d\d)?"),
     "date": re.compile(r"\b20\d\d-\d\d-\d\d\b|\b(?:%s) \d{1,2}(?:st|nd|rd|th)?\b" % "|".join(MONTHS)),
     "all-caps code": re.compile(r"\b(?:ATL|BOS|CLT|DEN|DFW|DTW|EWR|IAH|JFK|LAS|LAX|LGA|MCO|MIA|MSP|ORD|PHL|PHX|SEA|"
                                r"SFO|IAD|DCA|CA|NY|AAPL|NVDA|XTC|SYNX|QUAS)\b"),
@@ -271,12 +390,40 @@ def _edit_fact(kind: str, span: str, rng) -> str:
     return _bump_digit(span, rng)
 
 
+def _is_list_marker(text: str, m: re.Match) -> bool:
+    """A number that numbers a list item at a line start ("\n2. Flight"): renumbering a list changes no fact."""
+    line_start = text.rfind("\n", 0, m.start()) + 1
+    return not text[line_start:m.start()].strip() and text[m.end():m.end() + 1] in (".", ")")
+
+
+_BULLET = re.compile(r"^([ \t]*)[-*+][ \t]+", re.M)
+_LIST_LINE = re.compile(r"^[ \t]*(?:[-*+]|\d{1,3}[.)])[ \t]+", re.M)
+
+
+def numbered_and_flattened(text: str) -> str:
+    """Bullets as numbers (a counter per indent, reset by any other line), then all lines joined into one: the
+    issue's layout change (markdown and whitespace only)."""
+    out, counters = [], {}
+    for line in text.split("\n"):
+        m = _BULLET.match(line)
+        if m:
+            indent = len(m.group(1).expandtabs(4))
+            counters = {k: v for k, v in counters.items() if k <= indent}
+            counters[indent] = counters.get(indent, 0) + 1
+            line = f"{m.group(1)}{counters[indent]}. {line[m.end():]}"
+        elif line.strip():
+            counters = {}
+        out.append(line)
+    return re.sub(r"\s*\n\s*", " ", "\n".join(out)).strip()
+
+
 def fact_changes(text: str, rng) -> list[tuple[str, str]]:
     """(fact kind, copy of text with one fact of that kind changed), at most one copy per kind."""
     taken: list[tuple[int, int]] = []
     out = []
     for kind, pattern in FACT_EDITS.items():  # earlier kinds claim their spans first
-        spans = [m for m in pattern.finditer(text) if not any(a < m.end() and m.start() < b for a, b in taken)]
+        spans = [m for m in pattern.finditer(text) if not any(a < m.end() and m.start() < b for a, b in taken)
+                 and not _is_list_marker(text, m)]
         taken += [m.span() for m in spans]
         if spans:
             m = rng.choice(spans)
@@ -375,18 +522,28 @@ def _call(name: str, args: dict) -> dict:
 
 
 def _free_text_cases(source: str, calls, rng) -> list[dict]:
-    """Near misses of every distinct free-text (3+ words) string argument, the call otherwise unchanged."""
+    """Near misses of every distinct string argument of 3+ words, the call otherwise unchanged.
+
+    Split by what tool_call reads the argument as (arguments.is_free_text, from its name and shape, no schema):
+    free text, where case, markdown and punctuation are surface; or a value that names one thing (a ticket
+    title, an address), where they make another string, so those edits are reported apart ("value spelling")
+    and only whitespace counts as surface-only.
+    """
     cases, seen = [], set()
     for name, args in calls:
         for key, value in args.items():
             if not isinstance(value, str) or len(value.split()) < 3 or (name, key, value) in seen:
                 continue
             seen.add((name, key, value))
+            free = is_free_text(key, None, value, n_words(value), 3)
             expected = _call(name, args)
             for kind, edited in surface_variants(value, rng) + fact_reformats(value) + fact_changes(value, rng):
                 label = kind if kind.startswith("reformat") or kind in ("markdown", "case", "whitespace",
                                                                         "punctuation") else "fact: " + kind
-                cases.append({"source": source, "kind": label, "expected_action": expected,
+                if not free and label in ("markdown", "case", "punctuation"):
+                    label = "value spelling: " + label
+                cases.append({"source": f"{source} {'free-text' if free else 'name-like'} args", "kind": label,
+                              "expected_action": expected,
                               "candidate": {"name": name, "arguments": {**args, key: edited}}})
     return cases
 
@@ -432,15 +589,26 @@ def near_misses(seed: int) -> list[dict]:
             label = kind if kind.startswith("reformat") or kind in ("markdown", "case", "whitespace",
                                                                     "punctuation") else "fact: " + kind
             cases.append({"source": "tau2 replies", "kind": label, "expected_action": expected, "candidate": edited})
+        if _LIST_LINE.search(text):  # a list: numbered and flattened onto one line, then also one fact changed
+            cases.append({"source": "tau2 replies", "kind": "layout", "expected_action": expected,
+                          "candidate": numbered_and_flattened(text)})
+            for kind, edited in fact_changes(text, rng):
+                cases.append({"source": "tau2 replies", "kind": "fact (laid out): " + kind,
+                              "expected_action": expected, "candidate": numbered_and_flattened(edited)})
     calls = tau2_calls(tau2)
-    cases += _free_text_cases("tau2 free-text args", [c for c in calls if c[0] != "calculate"], rng)
+    cases += _free_text_cases("tau2", [c for c in calls if c[0] != "calculate"], rng)
     cases += calculate_cases(calls)
-    cases += _free_text_cases("BFCL free-text args", bfcl_calls(), rng)
+    cases += _free_text_cases("BFCL", bfcl_calls(), rng)
     return cases
 
 
 def is_positive(case: dict) -> bool:
-    return not case["kind"].startswith("fact: ")
+    return not case["kind"].startswith("fact")
+
+
+def is_graded(case: dict) -> bool:
+    """Counted in precision and recall: not a fact reformatted, not another spelling of a name-like value."""
+    return not case["kind"].startswith(("reformat", "value spelling"))
 
 
 def _pr(cases, scores) -> tuple[int, int, float, float]:
@@ -451,16 +619,22 @@ def _pr(cases, scores) -> tuple[int, int, float, float]:
     return n_pos, len(cases) - n_pos, precision, tp / n_pos if n_pos else float("nan")
 
 
-def near_miss_report(seed: int) -> None:
+def near_miss_report(seed: int, baseline) -> None:
+    """Precision and recall on the near misses: `before` = the baseline ref's defaults (or, without it, the
+    version-1 behaviour as configuration), `after` = this checkout's defaults."""
     cases = near_misses(seed)
-    headline = [c for c in cases if not c["kind"].startswith("reformat")]
+    headline = [c for c in cases if is_graded(c)]
     print(f"{len(cases)} near misses: {sum(map(is_positive, headline))} surface-only positives, "
           f"{sum(not is_positive(c) for c in cases)} one-fact-changed negatives, "
-          f"{len(cases) - len(headline)} fact-reformatted positives (reported separately)\n")
+          f"{sum(c['kind'].startswith('reformat') for c in cases)} fact-reformatted positives and "
+          f"{sum(c['kind'].startswith('value spelling') for c in cases)} respelled name-like values "
+          "(reported separately)\n")
+    before_of = ((lambda name: baseline.build_verifier(AFTER[name])) if baseline is not None
+                 else (lambda name: build_verifier(BEFORE[name])))
     by_source = defaultdict(list)
     for c in headline:
         by_source[c["source"]].append(c)
-    scored: dict[tuple[str, str], list] = {}
+    scored: dict[tuple[str, str], tuple[list, list]] = {}
     print("| source | verifier | positives | negatives | precision before | precision after | "
           "recall before | recall after | negatives scored 1: before -> after |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---|")
@@ -468,9 +642,9 @@ def near_miss_report(seed: int) -> None:
         names = ("tool_call", "string_similarity", "tool_name") if source == "tau2 replies" else (
             "tool_call", "string_similarity")
         for name in names:
-            before = build_verifier(BEFORE[name]).score_many(sub)
+            before = before_of(name).score_many(sub)
             after = build_verifier(AFTER[name]).score_many(sub)
-            scored[(source, name)] = after
+            scored[(source, name)] = before, after
             n_pos, n_neg, p0, r0 = _pr(sub, before)
             _, _, p1, r1 = _pr(sub, after)
             fp0 = sum(1 for c, s in zip(sub, before) if not is_positive(c) and s.reward == 1.0)
@@ -482,21 +656,32 @@ def near_miss_report(seed: int) -> None:
     print("| source | edit | n | accepted before | accepted after |")
     print("|---|---|---:|---:|---:|")
     for source, sub in by_source.items():
-        before = build_verifier(BEFORE["tool_call"]).score_many(sub)
-        after = scored[(source, "tool_call")]
+        before, after = scored[(source, "tool_call")]
         kinds = sorted({c["kind"] for c in sub}, key=lambda k: (k.startswith("fact"), k))
         for kind in kinds:
             idx = [i for i, c in enumerate(sub) if c["kind"] == kind]
             print(f"| {source} | {kind} | {len(idx)} | {sum(before[i].reward == 1.0 for i in idx)} | "
                   f"{sum(after[i].reward == 1.0 for i in idx)} |")
+    respelled = [c for c in cases if c["kind"].startswith("value spelling")]
+    if respelled:
+        print("\nName-like values respelled (another string for a value that names one thing; accepted by "
+              "`strings` rule):\n")
+        rules = ("exact", "casefold", "bfcl")
+        print("| source | edit | n | " + " | ".join(f"`strings: {r}`" for r in rules) + " |")
+        print("|---|---|---:|" + "---:|" * len(rules))
+        scores = {r: build_verifier({"name": "tool_call", "strings": r}).score_many(respelled) for r in rules}
+        for key in sorted({(c["source"], c["kind"]) for c in respelled}):
+            idx = [i for i, c in enumerate(respelled) if (c["source"], c["kind"]) == key]
+            print(f"| {key[0]} | {key[1]} | {len(idx)} | "
+                  + " | ".join(str(sum(scores[r][i].reward == 1.0 for i in idx)) for r in rules) + " |")
     reformats = [c for c in cases if c["kind"].startswith("reformat")]
     if reformats:
-        before = build_verifier(BEFORE["tool_call"]).score_many(reformats)
+        before = before_of("tool_call").score_many(reformats)
         after = build_verifier(AFTER["tool_call"]).score_many(reformats)
         print(f"\nFact reformatted ($1200 -> $1,200.00, 2024-05-17 -> May 17, 2024; positives): `tool_call` accepted "
               f"{sum(s.reward == 1.0 for s in before)} of {len(reformats)} before, "
               f"{sum(s.reward == 1.0 for s in after)} after.")
-    misses = [(c, s) for (source, name), scores in scored.items() if name == "tool_call"
+    misses = [(c, s) for (source, name), (_, scores) in scored.items() if name == "tool_call"
               for c, s in zip(by_source[source], scores) if is_positive(c) and s.reward < 1.0]
     print(f"\nSurface-only positives rejected by `tool_call` after: {len(misses)}")
     for c, s in misses[:8]:
@@ -505,9 +690,13 @@ def near_miss_report(seed: int) -> None:
     replies = by_source.get("tau2 replies", [])
     print("| verifier | pairs | scores/s (CPU) |")
     print("|---|---:|---:|")
-    for label, spec in (("before (`facts: ignore`)", BEFORE["tool_call"]), ("after (default)", AFTER["tool_call"])):
+    runs = [("before (`facts: ignore`)", build_verifier(BEFORE["tool_call"])),
+            ("after (default)", build_verifier(AFTER["tool_call"]))]
+    if baseline is not None:
+        runs.insert(1, ("baseline ref (default)", before_of("tool_call")))
+    for label, verifier in runs:
         pairs = replies * max(1, 20_000 // max(1, len(replies)))
-        _, cpu, _ = timed(build_verifier(spec), pairs)
+        _, cpu, _ = timed(verifier, pairs)
         print(f"| {label} | {len(pairs)} | {len(pairs) / cpu:,.0f} |")
 
 
@@ -515,16 +704,22 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--only", choices=("near-misses", "speed"))
+    ap.add_argument("--only", choices=("near-misses", "speed", "bfcl"))
+    ap.add_argument("--baseline-ref", default="main", help="git ref whose verifiers are timed in the same run")
+    ap.add_argument("--repeats", type=int, default=3, help="alternating cold-cache runs of tool_call vs baseline")
     args = ap.parse_args()
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
-    if args.only != "speed":
+    baseline = load_baseline(args.baseline_ref) if args.only in (None, "near-misses", "speed") else None
+    if args.only in (None, "near-misses"):
         print("## Near misses\n")
-        near_miss_report(args.seed)
-    if args.only != "near-misses":
+        near_miss_report(args.seed, baseline)
+    if args.only in (None, "bfcl"):
+        print("\n## BFCL's AST checker as the peer\n")
+        bfcl_report()
+    if args.only in (None, "speed"):
         print("\n## Throughput\n")
-        speed(args)
+        speed(args, baseline)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,9 @@ SQL_DIR = bundled_dir("sql")
 CONTRACTS_DIR = bundled_dir("data_contracts")
 
 # -- canonical shapes as Arrow types (core/shapes.py describes them in words) ------------------------
-TOOL_CALL_TYPE = pa.struct([("id", pa.string()), ("name", pa.string()), ("arguments", pa.string())])
+# acceptable: canonical JSON of {argument: [accepted values]} (BFCL's possible answers), null when the source has none
+TOOL_CALL_TYPE = pa.struct([("id", pa.string()), ("name", pa.string()), ("arguments", pa.string()),
+                            ("acceptable", pa.string())])
 MESSAGE_TYPE = pa.struct(
     [
         ("role", pa.string()),

@@ -10,12 +10,13 @@ from __future__ import annotations
 import glob
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-FORMATS = ("auto", "openai", "responses", "tau2", "sharegpt")
+InputFormat = Literal["auto", "openai", "responses", "tau2", "sharegpt", "bfcl", "bfcl_multi_turn"]
+FORMATS = get_args(InputFormat)  # the input formats (ingest/formats.py describes each)
 Dtype = Literal["auto", "float32", "bfloat16"]
 STATE_DIR = ".warehouse-state"  # beside the config: the local state of s3:// warehouses, one dir per bucket/prefix
 
@@ -30,10 +31,13 @@ class _Strict(BaseModel):
 
 class InputSpec(_Strict):
     path: str
-    format: Literal["auto", "openai", "responses", "tau2", "sharegpt"] = "auto"
+    format: InputFormat = "auto"
     domain: str | None = None
     # A JSON file of OpenAI tool schemas given to every record of this input that carries none (ingest/inputs.py)
     tools: str | None = None
+    # BFCL possible answers: a file, or a folder of them named like the data files; null: possible_answer/<the
+    # data file's name> beside each data file (ingest/bfcl_records.py)
+    answers: str | None = None
 
 
 class PolicySection(_Strict):
@@ -278,6 +282,8 @@ def _check_inputs(cfg: PivotConfig, source: str) -> None:
         path = cfg.resolve(spec.path)
         if not (path.exists() or glob.glob(str(path), recursive=True)):
             raise ConfigError(f"{source}: inputs.{i}.path: no such file, directory or glob match: {path}")
+        if spec.answers is not None and not cfg.resolve(spec.answers).exists():
+            raise ConfigError(f"{source}: inputs.{i}.answers: no such file or directory: {cfg.resolve(spec.answers)}")
 
 
 def resolve_config_path(path: str | os.PathLike | None = None) -> Path | None:

@@ -36,8 +36,17 @@ def seeded_int(seed: int | str, key: str, bits: int = 63) -> int:
 
 
 def trajectory_id(messages: list[dict], tools: list | None) -> str:
-    """Content hash of a canonical trajectory: same messages + tools -> same id, whatever the source."""
-    return short_hash(canonical_json({"messages": messages, "tools": tools or []}))
+    """Content hash of a canonical trajectory: same messages + tools -> same id, whatever the source. A tool call's
+    `acceptable` counts only when it has one (rows read back from Parquet carry it as null; ids from before the
+    column existed stay the same)."""
+    return short_hash(canonical_json({"messages": _without_null_acceptable(messages), "tools": tools or []}))
+
+
+def _without_null_acceptable(messages: list[dict]) -> list[dict]:
+    if not any(call.get("acceptable", 0) is None for m in messages for call in (m.get("tool_calls") or [])):
+        return messages
+    return [{**m, "tool_calls": [{k: v for k, v in call.items() if not (k == "acceptable" and v is None)}
+                                 for call in m["tool_calls"]]} if m.get("tool_calls") else m for m in messages]
 
 
 def turn_id(trajectory_id_: str, message_index: int) -> str:

@@ -2,10 +2,11 @@
 
 Message (canonical):  {"role": "system"|"user"|"assistant"|"tool", "content": str|None,
                        "reasoning": str|None, "tool_calls": [ToolCall]|None, "tool_call_id": str|None}
-ToolCall:             {"id": str, "name": str, "arguments": str}   # arguments: canonical JSON text
+ToolCall:             {"id": str, "name": str, "arguments": str, "acceptable"?: str|None}
+                      # arguments: canonical JSON text; acceptable: canonical JSON of {argument: [accepted values]}
 Tools:                list of OpenAI chat tool schemas {"type": "function", "function": {name, description, parameters}}
 Action (DESIGN.md, NeMo-Gym's expected_action shape):
-    {"type": "function_call", "name": str, "arguments": str|dict}
+    {"type": "function_call", "name": str, "arguments": str|dict, "acceptable"?: {argument: [accepted values]}}
     {"type": "message", "content": str}
     {"type": "function_call_batch", "calls": [function_call, ...]}
 """
@@ -27,18 +28,22 @@ def action_from_message(message: dict) -> tuple[str, dict]:
     """(action_kind, action) of a canonical assistant message.
 
     Tool calls win over text: an assistant message with both text and calls is a tool-call action
-    (the text stays in the message, visible in later states). Reasoning is never part of an action.
+    (the text stays in the message, visible in later states). Reasoning is never part of an action. A call's
+    `acceptable` (when it has one) goes into its function_call: what the verifier accepts, never shown to a model.
     """
     calls = message.get("tool_calls") or []
     if len(calls) == 1:
-        c = calls[0]
-        return "tool_call", {"type": "function_call", "name": c["name"], "arguments": c["arguments"]}
+        return "tool_call", _function_call(calls[0])
     if len(calls) > 1:
-        return "tool_call_batch", {
-            "type": "function_call_batch",
-            "calls": [{"type": "function_call", "name": c["name"], "arguments": c["arguments"]} for c in calls],
-        }
+        return "tool_call_batch", {"type": "function_call_batch", "calls": [_function_call(c) for c in calls]}
     return "message", {"type": "message", "content": message.get("content") or ""}
+
+
+def _function_call(call: dict) -> dict:
+    action = {"type": "function_call", "name": call["name"], "arguments": call["arguments"]}
+    if call.get("acceptable") is not None:
+        action["acceptable"] = json.loads(call["acceptable"])
+    return action
 
 
 def action_tool_names(action: dict) -> list[str]:

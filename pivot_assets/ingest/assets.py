@@ -6,7 +6,8 @@ from pivot_assets.core.config import PivotConfig
 from pivot_assets.core.warehouse import Warehouse
 from pivot_assets.resources import publish, timed
 
-from .inputs import action_kind_mix, inputs_fingerprint, resolved_inputs, write_ingest, write_turns
+from .inputs import (action_kind_mix, inputs_fingerprint, resolved_inputs, skipped_files_line, write_ingest,
+                     write_turns)
 
 GROUP = __package__.rsplit(".", 1)[-1]
 TURNS_VERSION = "1"
@@ -35,9 +36,12 @@ def build_assets(cfg: PivotConfig) -> list:
             f"read {counts['read']} records: {counts['ingested']} ingested, "
             f"{counts['quarantined']} quarantined, {counts['duplicates']} duplicates in {t['seconds']:.1f}s"
         )
+        if counts["skipped"]:
+            context.log.warning(skipped_files_line(counts["skipped"]))
         yield publish(wh, "trajectories", {
             "read": counts["read"], "ingested": counts["ingested"], "quarantined": counts["quarantined"],
-            "duplicates": counts["duplicates"], "by_format": dg.MetadataValue.json(counts["by_format"]),
+            "duplicates": counts["duplicates"], "skipped_files": len(counts["skipped"]),
+            "skipped": dg.MetadataValue.json(counts["skipped"]), "by_format": dg.MetadataValue.json(counts["by_format"]),
             "by_adapter": dg.MetadataValue.json(counts["by_adapter"]), "workers": counts["workers"],
             "inputs": dg.MetadataValue.json([i["path"] for i in inputs]), "seconds": round(t["seconds"], 2),
         })

@@ -19,7 +19,16 @@ OMITTABLE = ""  # BFCL's marker, in a list of accepted values, for "the argument
 
 
 class BFCLError(ValueError):
-    """A BFCL item that cannot be turned into tools or an action (the reason becomes a quarantine row)."""
+    """A BFCL item that cannot be turned into tools or an action (the reason becomes a quarantine row).
+    The message is "category: detail", as a quarantine reason is."""
+
+    @property
+    def category(self) -> str:
+        return str(self).split(":", 1)[0]
+
+    @property
+    def detail(self) -> str:
+        return str(self).split(":", 1)[-1].strip()
 
 
 def json_schema(node: Any) -> Any:
@@ -60,10 +69,18 @@ def _first_accepted(options: list) -> tuple[bool, Any]:
     first = options[0]
     if isinstance(first, str) and first == OMITTABLE:
         return False, None
-    if isinstance(first, dict):  # a dict argument: each of its keys has its own accepted values
-        return True, {k: v for k, (present, v) in ((k, _first_accepted(opts) if isinstance(opts, list) and opts
-                                                    else (True, opts)) for k, opts in first.items()) if present}
-    return True, first
+    return True, _demonstration(first)
+
+
+def _demonstration(value: Any) -> Any:
+    """An accepted value with its nested choices resolved: a dict (also one inside a list, BFCL's list of
+    dicts) lists accepted values per key, and the demonstration takes the first of each."""
+    if isinstance(value, dict):
+        return {k: v for k, (present, v) in ((k, _first_accepted(opts) if isinstance(opts, list) and opts
+                                              else (True, opts)) for k, opts in value.items()) if present}
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        return [_demonstration(v) for v in value]
+    return value
 
 
 def expected_call(name: str, accepted: dict) -> dict:

@@ -11,7 +11,7 @@ sha256). It must give byte-identical rows, so it only *accepts* what it can prov
     tools or ids that DuckDB may have rounded) and is at most MAX_RECORD_BYTES;
   - the record would be detected as `openai`: a `messages` list, no `responses_create_params`, `reward_info` or
     `conversations` key anywhere in the line (a substring test, so a record that merely mentions one is
-    handed back too);
+    handed back too), and no `acceptable` key (a tool call's accepted values: the Python adapter keeps them);
   - every message is an object with a known chat role; content and reasoning are strings or null;
     assistant tool_calls are null or a list of {id: string|null, function: {name, arguments} | name, arguments}
     with a non-empty string name and arguments that canonicalize; no legacy function_call; non-assistant
@@ -36,7 +36,7 @@ import duckdb
 import pyarrow as pa
 from duckdb.sqltypes import BIGINT, VARCHAR
 
-from pivot_assets.core.catalog import MESSAGE_TYPE
+from pivot_assets.core.catalog import MESSAGE_TYPE, TOOL_CALL_TYPE
 from pivot_assets.core.ids import canonical_json
 
 from .formats import (
@@ -65,8 +65,9 @@ RECORD_SCHEMA = json.dumps({
 CALLS_SCHEMA = json.dumps([{"id": "JSON", "function": {"name": "JSON", "arguments": "VARCHAR"}, "name": "JSON",
                             "arguments": "VARCHAR"}])
 
-# A key whose mere presence changes format detection (formats.detect_format).
-OTHER_FORMAT_KEYS = ("responses_create_params", "reward_info", "conversations")
+# A key whose mere presence changes format detection (formats.detect_format), or that only the Python adapter reads
+# (a tool call's `acceptable`).
+HANDED_BACK_KEYS = ("responses_create_params", "reward_info", "conversations", "acceptable")
 # Lines the SQL adapter must hand back, found on the raw text. Each pattern starts with one literal, which keeps
 # RE2 fast (an alternation of several costs 6x). Keys are matched unescaped, so a key written with a \u escape
 # makes its line ineligible first.
@@ -74,7 +75,7 @@ INELIGIBLE_PATTERNS = (
     r",\s*[\]}]",                                     # trailing comma: DuckDB accepts it, Python does not
     r":\s*[-+]?(?i:nan|inf)", r",\s*[-+]?(?i:nan|inf)", r"\[\s*[-+]?(?i:nan|inf)",  # nan/inf spellings Python rejects
     # a text field that is not a string or null, or a key of another format (one pass: both start with a quote)
-    r'"(?:(?:' + "|".join(TEXT_FIELDS) + r')"\s*:\s*[^"\sn]|(?:' + "|".join(OTHER_FORMAT_KEYS) + r')")',
+    r'"(?:(?:' + "|".join(TEXT_FIELDS) + r')"\s*:\s*[^"\sn]|(?:' + "|".join(HANDED_BACK_KEYS) + r')")',
     r'\\u(?:0000|[0-9a-fA-F]{4}(?:[^"\\]|\\.)*"\s*:)',  # a NUL escape, or an escape inside a key
 )
 REWARD_KEYS = ("reward", "success", "score", "outcome_reward")
@@ -386,9 +387,11 @@ def _in_message_order(table: pa.Table) -> pa.Table:
     messages = table.column("messages_sorted").combine_chunks()
     structs = messages.values
     calls = structs.field("tool_calls")
+    fields = [calls.values.field(k) for k in ("id", "name", "arguments")]
+    no_acceptable = pa.nulls(len(calls.values), pa.string())  # lines with one were handed back
     calls_in_order = pa.ListArray.from_arrays(
-        calls.offsets, pa.StructArray.from_arrays([calls.values.field(k) for k in ("id", "name", "arguments")],
-                                                  names=["id", "name", "arguments"]), mask=calls.is_null())
+        calls.offsets, pa.StructArray.from_arrays([*fields, no_acceptable], fields=list(TOOL_CALL_TYPE)),
+        mask=calls.is_null())
     reordered = pa.StructArray.from_arrays(
         [structs.field("role"), structs.field("content"), structs.field("reasoning"), calls_in_order,
          structs.field("tool_call_id")], fields=list(MESSAGE_TYPE), mask=structs.is_null())

@@ -13,10 +13,13 @@ Every input record becomes exactly one of:
                        ({trajectory_id, source, record}).
 so read = ingested + quarantined + duplicates. A tau2-bench results file counts one record per simulation.
 
-Readers (chosen by file extension; other files in a directory are not data and are skipped):
+Readers (chosen by file name, files.py: `.gz` / `.zst` compressed JSON and JSON Lines are read decompressed; in a
+directory every other file is skipped, and each skipped file is reported with its reason, see `scan_paths`):
   .json      a top-level list (one record per element), an object (one record), or a tau2 results object
              ({"simulations": [...]}: one record per simulation, `record` = the simulation index);
-             a file that does not parse is one quarantined record (record 0).
+             a file that does not parse is one quarantined record (record 0) whose reason names the line and
+             column that broke. A .json file that holds JSON Lines (BFCL's convention; files.json_layout) is read
+             as .jsonl.
   .jsonl     one record per non-blank line; `record` = 0-based line number (line = record + 1); a bad line
              is quarantined and the rest of the file continues.
   .parquet   pyarrow, in row batches; columns holding JSON text (messages, tools, ...) are parsed.
@@ -58,10 +61,24 @@ Formats (format=auto detects per record; a forced format that does not fit is "f
   sharegpt   `conversations` [{from, value}]: system, human/user, gpt/assistant, function_call (an assistant
              tool call: JSON {name, arguments} or a list of them), observation/tool/function_response (tool
              results, matched in order to the pending calls); optional top-level `system` and `tools`.
+  bfcl       BFCL single-turn items {id, question, function} (simple_python, multiple, parallel,
+             parallel_multiple, the live_* categories, ...): the question's messages, then one assistant message
+             with the expected call(s) from the possible answer (ingest/bfcl.py: the first accepted value of each
+             argument as its arguments, every accepted value in the call's `acceptable`); tools from `function`.
+  bfcl_multi_turn  BFCL multi-turn items {id, question, initial_config, involved_classes, ...} (base, miss_func,
+             miss_param, long_context): every ground-truth call executed by BFCL's own simulated APIs
+             (ingest/bfcl_exec.py), one assistant message per call followed by its result (rules in bfcl.py).
+             For both BFCL formats the possible answer comes from `possible_answer/<the data file's name>` beside
+             the data file, or from the input's `answers:` (a file, or a folder of files by data file name); an
+             item without one is quarantined ("bfcl_no_answer"). conversation_id: the item id (single-turn), the id
+             without its category (multi-turn: `multi_turn_7` for base_7, miss_func_7, miss_param_7 and
+             long_context_7); domain: `bfcl_<category>` (e.g. bfcl_simple_python, bfcl_multi_turn_base).
 
 Canonical message: all five keys always present (see schema.py): role, content (str|None), reasoning
-(str|None), tool_calls ([{id, name, arguments}]|None, arguments = schema.canonical_json of the parsed object),
-tool_call_id (str|None). Missing call ids get deterministic ids `call_<message index>_<k>`.
+(str|None), tool_calls ([{id, name, arguments, acceptable?}]|None, arguments = schema.canonical_json of the parsed
+object; `acceptable` = canonical JSON of {argument: [accepted values]}, present only on calls whose source gives it:
+BFCL answers, an `acceptable` on a chat tool call or on a NeMo-Gym expected_action), tool_call_id (str|None).
+Missing call ids get deterministic ids `call_<message index>_<k>`.
 
 Turn rules (turn_extraction.py cuts one turn per assistant message):
   - reasoning content stays in the message's `reasoning`, visible in later states, never part of an action;
@@ -91,7 +108,6 @@ conversation_id (the source-conversation group key a held-out split groups by; e
 
 from __future__ import annotations
 
-import glob as globlib
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -101,16 +117,17 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pivot_assets.core.config import FORMATS
 from pivot_assets.core.ids import canonical_json, short_hash, trajectory_id
 from pivot_assets.core.shapes import ROLES
+
+from . import bfcl_records, files
+from .bfcl import BFCLError
 
 CONVERSATION_ID_FIELDS = ("session_id", "task_id", "_ng_task_index")
 MAX_RECORD_BYTES = 8 * 1024 * 1024  # a text record larger than this is quarantined unparsed
 RAW_CAP = 4096  # characters of raw text kept on a quarantine row
 PARQUET_BATCH_ROWS = 512
-FORMATS = ("auto", "openai", "responses", "tau2", "sharegpt")
-DATA_SUFFIXES = (".json", ".jsonl", ".parquet")
-HF_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 
 from pivot_assets.core.catalog import MESSAGE_TYPE, QUARANTINE_SCHEMA, TOOL_CALL_TYPE, TRAJECTORY_SCHEMA  # noqa: E402
 
@@ -132,6 +149,7 @@ class Input:
     format: str = "auto"
     domain: str | None = None
     tools: str | None = None  # a tools file for records without tools (load_tools_file)
+    answers: str | None = None  # BFCL possible answers: a file or a folder (bfcl.answers_path)
 
 
 @dataclass
@@ -161,7 +179,7 @@ def iter_ingest(inputs: Iterable[Any]) -> Iterator[tuple[str, dict]]:
         spec = _as_input(item)
         default_tools = load_tools_file(spec.tools) if spec.tools else None
         for raw in iter_raw_records(spec.path):
-            kind, row = ingest_record(raw, spec.format, spec.domain)
+            kind, row = ingest_record(raw, spec.format, spec.domain, spec.answers)
             if kind == "trajectory":
                 row = fill_default_tools(row, default_tools)
                 if row["trajectory_id"] in seen:
@@ -172,12 +190,14 @@ def iter_ingest(inputs: Iterable[Any]) -> Iterator[tuple[str, dict]]:
             yield kind, row
 
 
-def ingest_record(raw: RawRecord, fmt: str = "auto", domain: str | None = None) -> tuple[str, dict]:
-    """One raw record -> ("trajectory", row) or ("quarantine", row); no dedup here."""
+def ingest_record(raw: RawRecord, fmt: str = "auto", domain: str | None = None,
+                  answers: str | None = None) -> tuple[str, dict]:
+    """One raw record -> ("trajectory", row) or ("quarantine", row); no dedup here. `answers`: the input's
+    BFCL possible answers (None: beside the record's file)."""
     if raw.error is not None:
         return "quarantine", _quarantine_row(raw, raw.error)
     try:
-        source_format, adapted = adapt_record(raw.value, fmt, raw.context)
+        source_format, adapted = adapt_record(raw.value, fmt, raw.context, source=raw.source, answers=answers)
         messages = validate_messages(adapted["messages"])
         tools = normalize_tools(adapted.get("tools"))
         reward = parse_reward(adapted.get("reward"))
@@ -194,7 +214,7 @@ def ingest_record(raw: RawRecord, fmt: str = "auto", domain: str | None = None) 
         "messages": messages,
         "tools": canonical_json(tools),
         "outcome_reward": reward,
-        "conversation_id": conversation_id(raw.value, messages, tid),
+        "conversation_id": adapted.get("conversation_id") or conversation_id(raw.value, messages, tid),
     }
     return "trajectory", row
 
@@ -219,7 +239,8 @@ def _as_input(item: Any) -> Input:
     fmt = get("format", "auto") or "auto"
     if fmt not in FORMATS:
         raise ValueError(f"unknown input format {fmt!r} (one of {', '.join(FORMATS)})")
-    return Input(path=str(get("path")), format=fmt, domain=get("domain", None), tools=get("tools", None))
+    return Input(path=str(get("path")), format=fmt, domain=get("domain", None), tools=get("tools", None),
+                 answers=get("answers", None))
 
 
 def _quarantine_row(raw: RawRecord, err: RecordError) -> dict:
@@ -251,34 +272,13 @@ def _check_encodable(messages: list[dict], tools: list) -> None:
 
 def expand_paths(path: str) -> list[Path]:
     """A file, a directory (recursively: data files and HF dataset dirs) or a glob -> sorted data paths."""
-    if any(ch in path for ch in "*?["):
-        matches = sorted(Path(p) for p in globlib.glob(path, recursive=True))
-    else:
-        matches = [Path(path)]
-    found: list[Path] = []
-    for p in matches:
-        if not p.exists():
-            raise FileNotFoundError(f"input path not found: {p}")
-        found.extend(_walk(p))
-    return found
+    return files.scan(path)[0]
 
 
-def _walk(p: Path) -> list[Path]:
-    if p.is_file():
-        return [p]
-    if _is_hf_dataset(p):
-        return [p]
-    out: list[Path] = []
-    for child in sorted(p.iterdir()):
-        if child.is_dir():
-            out.extend(_walk(child))
-        elif child.suffix.lower() in DATA_SUFFIXES:
-            out.append(child)
-    return out
-
-
-def _is_hf_dataset(p: Path) -> bool:
-    return p.is_dir() and any((p / m).exists() for m in HF_MARKERS)
+def scan_paths(path: str) -> tuple[list[Path], list[tuple[str, str]]]:
+    """(data paths, [(skipped file, reason)]) of an input path (files.scan: a directory's other files and BFCL's
+    companion folders are skipped, each with its reason)."""
+    return files.scan(path)
 
 
 def iter_raw_records(path: str) -> Iterator[RawRecord]:
@@ -287,10 +287,10 @@ def iter_raw_records(path: str) -> Iterator[RawRecord]:
         if p.is_dir():
             yield from read_hf_dataset(p)
             continue
-        suffix = p.suffix.lower()
-        if suffix == ".jsonl":
+        kind = files.data_kind(p)
+        if kind == "jsonl":
             yield from read_jsonl(p)
-        elif suffix == ".parquet":
+        elif kind == "parquet":
             yield from read_parquet(p)
         else:  # .json, and any file named explicitly: try JSON
             yield from read_json(p)
@@ -326,10 +326,9 @@ def _raw_text(data: bytes) -> str:
 
 def read_jsonl(p: Path) -> Iterator[RawRecord]:
     """One record per non-blank line; record = 0-based line number; a bad line does not stop the file."""
-    with open(p, "rb") as f:
-        for lineno, line in enumerate(f):
-            if line.strip():
-                yield jsonl_record(str(p), lineno, line)
+    for lineno, line in enumerate(files.iter_lines(p)):
+        if line.strip():
+            yield jsonl_record(str(p), lineno, line)
 
 
 def jsonl_record(source: str, lineno: int, line: bytes) -> RawRecord:
@@ -347,8 +346,12 @@ def _with_line(err: RecordError, lineno: int) -> RecordError:
 
 
 def read_json(p: Path) -> Iterator[RawRecord]:
-    """A top-level list, one object, or a tau2 results object (one record per simulation)."""
-    data = p.read_bytes()
+    """A top-level list, one object, or a tau2 results object (one record per simulation); JSON Lines in a .json
+    file are read as .jsonl."""
+    if files.json_layout(p) == "lines":
+        yield from read_jsonl(p)
+        return
+    data = files.read_bytes(p)
     try:
         text = _decode(data)
         value = _parse_json_text(text)
@@ -404,8 +407,11 @@ JSON_TEXT_FIELDS = ("messages", "traj", "conversation", "conversations", "tools"
                     "response", "expected_action", "reward_info")
 
 
-def adapt_record(value: Any, fmt: str, context: dict | None) -> tuple[str, dict]:
-    """A parsed record -> (source_format, {messages (unvalidated canonical), tools, reward, domain})."""
+def adapt_record(value: Any, fmt: str, context: dict | None, source: str | None = None,
+                 answers: str | None = None) -> tuple[str, dict]:
+    """A parsed record -> (source_format, {messages (unvalidated canonical), tools, reward, domain} and, where the
+    format names one, conversation_id). `source` is the record's file and `answers` the input's BFCL answers
+    (the BFCL formats read the answer beside the file)."""
     if not isinstance(value, dict):
         raise RecordError("wrong_type", f"record is {type(value).__name__}, expected an object")
     value = _parse_json_columns(value)
@@ -416,6 +422,8 @@ def adapt_record(value: Any, fmt: str, context: dict | None) -> tuple[str, dict]
         fmt = detected
     elif detected != fmt and not _fits(value, fmt):
         raise RecordError("format_mismatch", f"input format is {fmt} but the record looks like {detected}")
+    if fmt in BFCL_FORMATS:
+        return fmt, adapt_bfcl(value, fmt, source or "", answers)
     adapter = {"openai": adapt_openai, "responses": adapt_responses, "tau2": adapt_tau2,
                "sharegpt": adapt_sharegpt}[fmt]
     return fmt, adapter(value, context or {})
@@ -441,6 +449,11 @@ def detect_format(value: dict, context: dict | None = None) -> str | None:
     conv = value.get("conversations")
     if isinstance(conv, list) and conv and isinstance(conv[0], dict) and "from" in conv[0]:
         return "sharegpt"
+    if isinstance(value.get("question"), list) and "id" in value:
+        if "involved_classes" in value:
+            return "bfcl_multi_turn"
+        if "function" in value:
+            return "bfcl"
     if any(isinstance(value.get(k), list) for k in ("messages", "traj", "conversation", "conversations")):
         return "openai"
     return None
@@ -448,7 +461,8 @@ def detect_format(value: dict, context: dict | None = None) -> str | None:
 
 def _fits(value: dict, fmt: str) -> bool:
     keys = {"openai": ("messages", "traj", "conversation", "conversations"), "responses": ("responses_create_params",),
-            "tau2": ("messages",), "sharegpt": ("conversations",)}[fmt]
+            "tau2": ("messages",), "sharegpt": ("conversations",), "bfcl": ("function",),
+            "bfcl_multi_turn": ("involved_classes",)}[fmt]
     return any(k in value for k in keys)
 
 
@@ -490,12 +504,27 @@ def _arguments(args: Any, where: str) -> str:
     return canonical_json(args)
 
 
-def _call(name: Any, args: Any, call_id: Any, where: str) -> dict:
+def _call(name: Any, args: Any, call_id: Any, where: str, acceptable: Any = None) -> dict:
     if not isinstance(name, str) or not name:
         raise RecordError("wrong_type", f"{where}: tool call name is {type(name).__name__}")
     if call_id is not None and not isinstance(call_id, str):
         raise RecordError("wrong_type", f"{where}: tool call id is {type(call_id).__name__}")
-    return {"id": call_id, "name": name, "arguments": _arguments(args, where)}
+    call = {"id": call_id, "name": name, "arguments": _arguments(args, where)}
+    if acceptable is not None:  # the key exists only when the source gives it (the trajectory_id rule)
+        call["acceptable"] = _acceptable(acceptable, where)
+    return call
+
+
+def _acceptable(value: Any, where: str) -> str:
+    """A call's accepted values {argument: [values]} (JSON text or an object) -> canonical JSON text."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise RecordError("bad_acceptable", f"{where}: acceptable is not JSON ({e.msg})") from None
+    if not isinstance(value, dict) or not all(isinstance(v, list) and v for v in value.values()):
+        raise RecordError("bad_acceptable", f"{where}: acceptable is not a mapping of argument -> accepted values")
+    return canonical_json(value)
 
 
 def _chat_tool_calls(raw_calls: Any, where: str) -> list[dict]:
@@ -508,7 +537,8 @@ def _chat_tool_calls(raw_calls: Any, where: str) -> list[dict]:
         if not isinstance(c, dict):
             raise RecordError("wrong_type", f"{where}: tool call {k} is {type(c).__name__}")
         fn = c.get("function") if isinstance(c.get("function"), dict) else c
-        calls.append(_call(fn.get("name"), fn.get("arguments"), c.get("id"), f"{where} call {k}"))
+        calls.append(_call(fn.get("name"), fn.get("arguments"), c.get("id"), f"{where} call {k}",
+                           c.get("acceptable", fn.get("acceptable"))))
     return calls
 
 
@@ -582,6 +612,20 @@ def adapt_tau2(value: dict, context: dict) -> dict:
     reward = (reward_info or {}).get("reward", value.get("reward"))
     domain = env.get("domain_name") or _record_domain(value)
     return {"messages": messages, "tools": tools, "reward": reward, "domain": domain}
+
+
+BFCL_FORMATS = ("bfcl", "bfcl_multi_turn")
+
+
+def adapt_bfcl(value: dict, fmt: str, source: str, answers: str | None) -> dict:
+    """A BFCL item (single- or multi-turn) with its answer from beside `source` (bfcl_records.py)."""
+    build = bfcl_records.single_turn_chat if fmt == "bfcl" else bfcl_records.multi_turn_chat
+    try:
+        chat = build(value, source, answers)
+    except BFCLError as err:
+        raise RecordError(err.category, err.detail) from None
+    return {"messages": chat_messages(chat["messages"]), "tools": chat["tools"], "reward": None,
+            "domain": chat["domain"], "conversation_id": chat["conversation_id"]}
 
 
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
@@ -726,9 +770,11 @@ def _expected_action_message(action: Any) -> dict:
     if kind == "message":
         return _message("assistant", _text(action.get("content"), where))
     if kind == "function_call":
-        return _message("assistant", tool_calls=[_call(action.get("name"), action.get("arguments"), None, where)])
+        return _message("assistant", tool_calls=[_call(action.get("name"), action.get("arguments"), None, where,
+                                                       action.get("acceptable"))])
     if kind == "function_call_batch" and isinstance(action.get("calls"), list):
-        calls = [_call(c.get("name"), c.get("arguments"), None, f"{where} call {k}") if isinstance(c, dict)
+        calls = [_call(c.get("name"), c.get("arguments"), None, f"{where} call {k}", c.get("acceptable"))
+                 if isinstance(c, dict)
                  else _call(None, None, None, f"{where} call {k}") for k, c in enumerate(action["calls"])]
         return _message("assistant", tool_calls=calls)
     raise RecordError("wrong_type", f"{where} has type {kind!r}")

@@ -9,23 +9,25 @@ from pivot_assets.core.config import ConfigError, PivotConfig
 from pivot_assets.core.ids import canonical_json, short_hash
 from pivot_assets.core.warehouse import Warehouse
 
+from .bfcl_records import answers_file
 from .formats import load_tools_file
 
-INGEST_VERSION = "2"  # 2: streaming ingest, conversation_id
+INGEST_VERSION = "3"  # 2: streaming ingest, conversation_id; 3: BFCL, compressed files, tool-call `acceptable`
 
 
 def resolved_inputs(cfg: PivotConfig) -> list[dict]:
     """The configured inputs with absolute paths (a `tools:` file checked here, with a one-line ConfigError);
     the embedded synthetic sample when none are given."""
     if cfg.inputs:
-        return [{**spec.model_dump(), "path": str(cfg.resolve(spec.path)), "tools": _tools_path(cfg, i, spec.tools)}
+        return [{**spec.model_dump(), "path": str(cfg.resolve(spec.path)), "tools": _tools_path(cfg, i, spec.tools),
+                 "answers": str(cfg.resolve(spec.answers)) if spec.answers else None}
                 for i, spec in enumerate(cfg.inputs)]
     from .sample_data import write_sample
 
     sample = cfg.warehouse_dir / "inputs" / f"embedded_sample_{cfg.sample.n_trajectories}_{cfg.sample.seed}.jsonl"
     if not sample.exists():
         write_sample(sample, n=cfg.sample.n_trajectories, seed=cfg.sample.seed)
-    return [{"path": str(sample), "format": "openai", "domain": None, "tools": None}]
+    return [{"path": str(sample), "format": "openai", "domain": None, "tools": None, "answers": None}]
 
 
 def _tools_path(cfg: PivotConfig, index: int, tools: str | None) -> str | None:
@@ -49,11 +51,16 @@ def inputs_fingerprint(cfg: PivotConfig) -> str:
         pattern = str(cfg.resolve(spec.path))
         matches = [pattern] if Path(pattern).is_file() else glob.glob(pattern, recursive=True)
         for m in sorted(matches):
-            paths = sorted(p for p in Path(m).rglob("*") if p.is_file()) if Path(m).is_dir() else [Path(m)]
+            if Path(m).is_dir():
+                paths = sorted(p for p in Path(m).rglob("*") if p.is_file())
+            else:  # a file named alone: its BFCL possible answers beside it count too
+                paths = [Path(m), *filter(None, [answers_file(m)])]
             files += [(str(p), p.stat().st_size, int(p.stat().st_mtime)) for p in paths]
-        if spec.tools and cfg.resolve(spec.tools).is_file():  # an edited tools file re-ingests
-            t = cfg.resolve(spec.tools)
-            files.append((str(t), t.stat().st_size, int(t.stat().st_mtime)))
+        for side in (spec.tools, spec.answers):  # an edited tools or answers file re-ingests
+            if side and cfg.resolve(side).exists():
+                t = cfg.resolve(side)
+                side_files = sorted(p for p in t.rglob("*") if p.is_file()) if t.is_dir() else [t]
+                files += [(str(p), p.stat().st_size, int(p.stat().st_mtime)) for p in side_files]
     specs = [s.model_dump() for s in cfg.inputs] if cfg.inputs else cfg.sample.model_dump()
     return short_hash(canonical_json({"v": INGEST_VERSION, "specs": specs, "files": files}))
 
@@ -71,6 +78,16 @@ def write_ingest(wh: Warehouse, inputs: list[dict], *, workers: int | None = Non
         "quarantine", QUARANTINE_SCHEMA
     ) as quar_w:
         return stream_ingest(inputs, traj_w, quar_w, workers=workers)
+
+
+def skipped_files_line(skipped: list[dict], shown: int = 50) -> str:
+    """The log line naming the files the inputs held that were not read as records, grouped by reason."""
+    by_reason: dict[str, list[str]] = {}
+    for s in skipped[:shown]:
+        by_reason.setdefault(s["reason"], []).append(s["path"])
+    names = "; ".join(f"{reason}: {', '.join(paths)}" for reason, paths in by_reason.items())
+    more = f"; and {len(skipped) - shown} more (all in the metadata `skipped`)" if len(skipped) > shown else ""
+    return f"skipped {len(skipped)} file(s), not read as records: {names}{more}"
 
 
 def write_turns(wh: Warehouse) -> int:

@@ -1,16 +1,19 @@
 """Streaming ingest: the configured inputs -> bounded work units -> rows in input order -> dedup -> Parquet.
 
 Memory follows the unit size, not the input (Dagster-free):
-  - the input is cut into units: a JSONL file into byte ranges of whole lines (UNIT_BYTES), a Parquet file into
-    row groups, a Hugging Face dataset into row ranges (UNIT_RECORDS), a .json file is one unit (it is one JSON
-    document: memory follows the largest such file);
+  - the input is cut into units: a JSONL file (and a .json file holding JSON Lines) into byte ranges of whole
+    lines (UNIT_BYTES), a compressed one into blocks of whole decompressed lines read here and carried by the unit
+    (a compressed stream cannot be cut by offset), a Parquet file into row groups, a Hugging Face dataset into row
+    ranges (UNIT_RECORDS), a .json document is one unit (memory follows the largest such file);
   - each unit is processed on its own, in worker processes when the input is large enough to pay for them:
     JSONL lines go through the DuckDB chat adapter (chat_sql.py) and whatever it hands back, like every record
     of the other readers, through the Python adapters of formats.py (the reference), which return a row or a
     quarantine reason; at most `workers + 1` units are in flight;
   - the parent takes unit results in input order, drops trajectories whose content hash it has seen (the only
     state that grows: one short id per distinct trajectory) and streams both tables into Parquet.
-Invariant, per unit and in total: read = ingested + quarantined + duplicates.
+Invariant, per unit and in total: read = ingested + quarantined + duplicates. Files a directory holds that are
+not data are skipped, each named with its reason in the counts (`skipped`); an input that yields no record at all
+fails the ingest with one line (NoRecordsError).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import pyarrow.compute as pc
 
 from pivot_assets.core.catalog import QUARANTINE_SCHEMA, TRAJECTORY_SCHEMA
 
-from . import formats
+from . import files, formats
 
 UNIT_BYTES = 16 << 20  # JSONL bytes per unit: amortizes ~25 ms of fixed cost per unit; a few in flight stay < 1 GB
 UNIT_RECORDS = 2048  # records per unit for the row readers (Parquet row groups are merged up to this)
@@ -48,6 +51,13 @@ class Unit:
     length: int = 0  # jsonl: bytes; parquet: row groups; hf: rows
     first_record: int = 0  # record number of the unit's first line / row
     tools: str | None = None  # the input's `tools:` file, for records without tools
+    answers: str | None = None  # the input's BFCL answers (None: beside each file)
+    input: int = 0  # index of the configured input the unit belongs to
+    data: bytes | None = field(default=None, repr=False)  # jsonl: the lines themselves (a compressed file)
+
+
+class NoRecordsError(ValueError):
+    """A configured input that yields no record (the one-line message names it and what was skipped)."""
 
 
 @dataclass
@@ -56,28 +66,36 @@ class UnitResult:
     quarantine: pa.Table
     read: int  # records read (non-blank lines, rows, JSON elements)
     by_path: Counter = field(default_factory=Counter)  # "sql" / "python": how the accepted rows were adapted
+    input: int = 0  # the configured input the unit belongs to
 
 
 # ---------------------------------------------------------------------------------------------- planning
 
 
-def plan_units(inputs: Iterable, unit_bytes: int = UNIT_BYTES, unit_records: int = UNIT_RECORDS) -> Iterator[Unit]:
-    """Units of every input in input order (paths expanded as formats.expand_paths does)."""
-    for item in inputs:
+def plan_units(inputs: Iterable, unit_bytes: int = UNIT_BYTES, unit_records: int = UNIT_RECORDS,
+               skipped: list | None = None) -> Iterator[Unit]:
+    """Units of every input in input order (paths expanded as formats.scan_paths does); the files a directory
+    holds that are not data are appended to `skipped` as (input index, path, reason)."""
+    for index, item in enumerate(inputs):
         spec = formats._as_input(item)
-        for path in formats.expand_paths(spec.path):
-            yield from _file_units(path, spec, unit_bytes, unit_records)
+        paths, skips = formats.scan_paths(spec.path)
+        if skipped is not None:
+            skipped.extend((index, path, reason) for path, reason in skips)
+        for path in paths:
+            yield from _file_units(path, spec, index, unit_bytes, unit_records)
 
 
-def _file_units(path: Path, spec: formats.Input, unit_bytes: int, unit_records: int) -> Iterator[Unit]:
-    common = {"path": str(path), "fmt": spec.format, "domain": spec.domain, "tools": spec.tools}
+def _file_units(path: Path, spec: formats.Input, index: int, unit_bytes: int, unit_records: int) -> Iterator[Unit]:
+    common = {"path": str(path), "fmt": spec.format, "domain": spec.domain, "tools": spec.tools,
+              "answers": spec.answers, "input": index}
+    kind = None if path.is_dir() else files.data_kind(path)
     if path.is_dir():
         n_rows = _hf_rows(path)
         for start in range(0, n_rows, unit_records):
             yield Unit("hf", offset=start, length=min(unit_records, n_rows - start), first_record=start, **common)
-    elif path.suffix.lower() == ".jsonl":
-        yield from _jsonl_units(path, common, unit_bytes)
-    elif path.suffix.lower() == ".parquet":
+    elif kind == "jsonl" or (kind == "json" and files.json_layout(path) == "lines"):
+        yield from (_inline_jsonl_units if files.compression(path) else _jsonl_units)(path, common, unit_bytes)
+    elif kind == "parquet":
         yield from _parquet_units(path, common, unit_records)
     else:
         yield Unit("json", **common)
@@ -99,6 +117,24 @@ def _jsonl_units(path: Path, common: dict, unit_bytes: int) -> Iterator[Unit]:
             yield Unit("jsonl", offset=offset, length=end, first_record=line, **common)
             line += block.count(b"\n", 0, end)
             offset += end
+
+
+def _inline_jsonl_units(path: Path, common: dict, unit_bytes: int) -> Iterator[Unit]:
+    """A compressed JSON Lines file: blocks of whole decompressed lines, carried by the units (read lazily, as the
+    stream asks for units: at most the units in flight are held)."""
+    line, rest = 0, b""
+    with files.open_binary(path) as f:
+        while block := f.read(unit_bytes):
+            data = rest + block
+            end = data.rfind(b"\n") + 1
+            if end == 0:  # a line longer than the unit: read on to its end
+                rest = data
+                continue
+            yield Unit("jsonl", length=end, first_record=line, data=data[:end], **common)
+            line += data.count(b"\n", 0, end)
+            rest = data[end:]
+    if rest:
+        yield Unit("jsonl", length=len(rest), first_record=line, data=rest, **common)
 
 
 def _parquet_units(path: Path, common: dict, unit_records: int) -> Iterator[Unit]:
@@ -133,6 +169,7 @@ def run_unit(unit: Unit) -> UnitResult:
     """Adapt every record of one unit: trajectory rows (not yet deduplicated) and quarantine rows. Records without
     tools get the input's `tools:` file here, before dedup sees their ids (as formats.iter_ingest does)."""
     result = _run_jsonl(unit) if unit.kind == "jsonl" else _adapt_in_python(_unit_records(unit), unit)
+    result.input = unit.input
     if unit.tools:
         stat = os.stat(unit.tools)
         tools = _tools(unit.tools, stat.st_mtime_ns, stat.st_size)
@@ -147,9 +184,11 @@ def _tools(path: str, mtime_ns: int, size: int) -> list[dict]:
 
 
 def _run_jsonl(unit: Unit) -> UnitResult:
-    with open(unit.path, "rb") as f:
-        f.seek(unit.offset)
-        data = f.read(unit.length)
+    data = unit.data
+    if data is None:
+        with open(unit.path, "rb") as f:
+            f.seek(unit.offset)
+            data = f.read(unit.length)
     lines = split_lines(data, unit.first_record)
     accepted = _sql_rows(lines, unit) if unit.fmt in SQL_FORMATS and lines.num_rows else None
     numbers = lines.column("line_no").to_numpy()
@@ -276,7 +315,7 @@ def _adapt_in_python(records: Iterable[formats.RawRecord], unit: Unit, read: int
     rows: dict[str, list] = {"trajectory": [], "quarantine": []}
     n = 0
     for raw in records:
-        kind, row = formats.ingest_record(raw, unit.fmt, unit.domain)
+        kind, row = formats.ingest_record(raw, unit.fmt, unit.domain, unit.answers)
         rows[kind].append(row)
         n += 1
     return UnitResult(
@@ -330,7 +369,7 @@ def default_workers(inputs: list, unit_bytes: int = UNIT_BYTES) -> int:
     to repay starting them (spawned workers cost about a second)."""
     total = 0
     for item in inputs:
-        for path in formats.expand_paths(formats._as_input(item).path):
+        for path in formats.expand_paths(formats._as_input(item).path):  # compressed files count as stored
             total += sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
     if total < 4 * unit_bytes:
         return 1
@@ -347,7 +386,9 @@ def stream_ingest(inputs: list, trajectory_writer, quarantine_writer, *, workers
     by_format: Counter = Counter()
     reasons: Counter = Counter()
     by_adapter: Counter = Counter()
-    for result in unit_results(plan_units(inputs, unit_bytes), workers):
+    read_by_input: Counter = Counter()
+    skipped: list[tuple[int, str, str]] = []
+    for result in unit_results(plan_units(inputs, unit_bytes, skipped=skipped), workers):
         if result.read != result.trajectories.num_rows + result.quarantine.num_rows:
             raise RuntimeError(f"ingest lost records in a unit: read {result.read}, adapted "
                                f"{result.trajectories.num_rows + result.quarantine.num_rows}")
@@ -361,11 +402,26 @@ def stream_ingest(inputs: list, trajectory_writer, quarantine_writer, *, workers
         by_format.update(_value_counts(kept.column("source_format")))
         reasons.update(_value_counts(_categories(result.quarantine)))
         by_adapter.update(result.by_path)
+        read_by_input[result.input] += result.read
     if counts["read"] != counts["ingested"] + counts["quarantined"] + counts["duplicates"]:
         raise RuntimeError(f"ingest counts do not add up: {dict(counts)}")
+    for index, item in enumerate(inputs):
+        if read_by_input[index] == 0:
+            raise NoRecordsError(no_records_message(index, formats._as_input(item).path,
+                                                    [(p, r) for i, p, r in skipped if i == index]))
     return {"read": counts["read"], "ingested": counts["ingested"], "quarantined": counts["quarantined"],
             "duplicates": counts["duplicates"], "by_format": dict(by_format), "quarantine_reasons": dict(reasons),
-            "by_adapter": dict(by_adapter), "workers": workers}
+            "by_adapter": dict(by_adapter), "workers": workers,
+            "skipped": [{"path": path, "reason": reason} for _, path, reason in skipped]}
+
+
+def no_records_message(index: int, path: str, skipped: list[tuple[str, str]]) -> str:
+    """One line: which input gave no record, and what was skipped in it."""
+    if not skipped:
+        return f"inputs.{index} ({path}): no records in it (no data file, or only empty ones)"
+    shown = "; ".join(f"{Path(p).name}: {reason}" for p, reason in skipped[:5])
+    more = f"; and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+    return f"inputs.{index} ({path}): no records in it; {len(skipped)} file(s) skipped ({shown}{more})"
 
 
 def _categories(quarantine: pa.Table) -> pa.Array:

@@ -9,7 +9,8 @@ Rules (the same in both paths; the ingest-side rules are in formats.py's docstri
   - every assistant message is a turn, including consecutive and trailing ones;
   - turn_index = number of assistant messages before it in the trajectory (0-based);
   - action: tool calls win over text (schema.action_from_message): 1 call -> tool_call, >1 -> tool_call_batch,
-    none -> message with the content ("" when None); reasoning is never part of the action;
+    none -> message with the content ("" when None); reasoning is never part of the action; a call's
+    `acceptable` (BFCL's accepted values) is part of its function_call (the verifier's, never a model's input);
   - expert_action = schema.canonical_json(action) (sorted keys, no spaces, UTF-8 kept);
   - tool_names = the called tools' names in call order ([] for a message).
 
@@ -72,10 +73,20 @@ def _lowercase_escapes_sql(column: str) -> str:
     return f"CASE WHEN contains({column}, '\\u00') THEN {expr} ELSE {column} END"
 
 
+def _call_json_sql(call: str) -> str:
+    """A canonical call's function_call action as compact JSON with sorted keys: to_json of the struct, with the
+    call's `acceptable` (already canonical JSON text) spliced in first when it has one ("acceptable" sorts first)."""
+    plain = (f"CAST(to_json({{'arguments': {call}.arguments, 'name': {call}.name, 'type': 'function_call'}}) "
+             "AS VARCHAR)")
+    return (f"CASE WHEN {call}.acceptable IS NULL THEN {plain} "
+            f"""ELSE '{{"acceptable":' || {call}.acceptable || ',' || substr({plain}, 2) END""")
+
+
 # Assistant messages and their positions are filtered per trajectory and unnested side by side (zipped), so no
 # row carries the whole message list; generate_subscripts gives the 0-based turn_index without a window (a window
 # would block and hold the input). The action is to_json of a struct whose keys are written in sorted order,
-# which is compact JSON like schema.canonical_json (then _lowercase_escapes_sql for the hex case).
+# which is compact JSON like schema.canonical_json (then _lowercase_escapes_sql for the hex case); a batch is its
+# calls' JSON joined, as to_json of the list would write it.
 TURNS_SQL = f"""
 WITH assistant_turns AS (
     SELECT trajectory_id, domain,
@@ -94,14 +105,12 @@ turn_messages AS (
 turn_actions AS (
     SELECT trajectory_id, domain, message_index, turn_index, m.tool_calls AS calls,
            coalesce(len(m.tool_calls), 0) AS n_calls,
-           CAST(CASE coalesce(len(m.tool_calls), 0)
-               WHEN 0 THEN to_json({{'content': coalesce(m.content, ''), 'type': 'message'}})
-               WHEN 1 THEN to_json({{'arguments': m.tool_calls[1].arguments, 'name': m.tool_calls[1].name,
-                                     'type': 'function_call'}})
-               ELSE to_json({{'calls': list_transform(m.tool_calls, lambda c: {{'arguments': c.arguments, 'name': c.name,
-                                                                               'type': 'function_call'}}),
-                             'type': 'function_call_batch'}})
-           END AS VARCHAR) AS action_json
+           CASE coalesce(len(m.tool_calls), 0)
+               WHEN 0 THEN CAST(to_json({{'content': coalesce(m.content, ''), 'type': 'message'}}) AS VARCHAR)
+               WHEN 1 THEN {_call_json_sql("m.tool_calls[1]")}
+               ELSE '{{"calls":[' || array_to_string(list_transform(m.tool_calls, lambda c: {_call_json_sql("c")}), ',')
+                    || '],"type":"function_call_batch"}}'
+           END AS action_json
     FROM turn_messages
 )
 SELECT substr(md5(trajectory_id || ':' || CAST(message_index AS VARCHAR)), 1, 16) AS turn_id,

@@ -85,9 +85,14 @@ _KIND_CHECKS = {
 }
 
 
-def check_config(verifier_name: str, params: dict[str, Param], config: dict) -> dict:
-    """Validated config with defaults filled in; raises ValueError naming the first bad parameter."""
+def check_config(verifier_name: str, params: dict[str, Param], config: dict, retired: dict | None = None) -> dict:
+    """Validated config with defaults filled in; raises ValueError naming the first bad parameter.
+
+    retired: parameters a later version replaced -> what to write instead.
+    """
     for key in config:
+        if retired and key in retired:
+            raise ValueError(f"verifier {verifier_name!r}: parameter {key!r} was replaced: {retired[key]}")
         if key not in params:
             known = ", ".join(sorted(params)) or "none"
             raise ValueError(f"verifier {verifier_name!r}: unknown parameter {key!r} (known: {known})")
@@ -118,9 +123,10 @@ class Verifier:
     name: ClassVar[str] = ""
     version: ClassVar[str] = "1"
     params: ClassVar[dict[str, Param]] = {}
+    retired: ClassVar[dict[str, str]] = {}  # parameter a later version replaced -> what to write instead
 
     def __init__(self, **config: Any) -> None:
-        self.config: dict = check_config(self.name, self.params, config)
+        self.config: dict = check_config(self.name, self.params, config, self.retired)
 
     # -- identity ---------------------------------------------------------------------------------
     def children(self) -> dict[str, "Verifier | list[Verifier]"]:

@@ -67,13 +67,17 @@ def canonical_key(value: Any) -> str:
     return _ENCODER.encode(value)
 
 
-def canonical_args(raw: Any) -> tuple[Any, str]:
-    """(canonical value, its key) of a value built by loads_canonical; skips the walk when no string may hold JSON."""
-    key = _ENCODER.encode(raw)
-    if not _may_hold_json_string(key):
-        return raw, key
+def canonical_args(raw: Any) -> tuple[Any, str, str]:
+    """(canonical value, its key, key of the value as sent) of a value built by loads_canonical.
+
+    The two keys differ only when a string held JSON (decoded in the canonical value); the walk is skipped when
+    no string may hold JSON.
+    """
+    raw_key = _ENCODER.encode(raw)
+    if not _may_hold_json_string(raw_key):
+        return raw, raw_key, raw_key
     value = canonicalize(raw)
-    return value, _ENCODER.encode(value)
+    return value, _ENCODER.encode(value), raw_key
 
 
 def _looks_like_json_container(s: str) -> bool:
@@ -108,6 +112,25 @@ _WS_RE = re.compile(r"\s+")
 _WORD_RE = re.compile(r"\w+", re.UNICODE)
 # Typographic quotes models emit in place of ASCII ones.
 _QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "\u00ab": '"', "\u00bb": '"'})
+
+
+STRING_RULES = ("exact", "casefold", "bfcl")
+# BFCL's standardize_string (bfcl_eval/eval_checker/ast_eval/ast_checker.py): these characters are dropped.
+_BFCL_DROPPED = re.compile(r"[ ,./\-_*^]")
+
+
+@lru_cache(maxsize=65536)
+def normalize_string(s: str, rule: str) -> str:
+    """A string argument value under a string rule; equal results = equal values.
+
+    exact: typographic quotes as ASCII, runs of whitespace as one space, trimmed (how the value is typed, not
+    which value it is). casefold: the same, case-folded. bfcl: BFCL's standardize_string, exactly: lower-cased,
+    spaces and `,./-_*^` removed, `'` as `"`.
+    """
+    if rule == "bfcl":
+        return _BFCL_DROPPED.sub("", s).lower().replace("'", '"')
+    s = _WS_RE.sub(" ", s.translate(_QUOTES)).strip()
+    return s.casefold() if rule == "casefold" else s
 
 
 @lru_cache(maxsize=65536)

@@ -79,10 +79,66 @@ def strip_markdown(text: str) -> str:
     text = text.translate(_QUOTES)
     if "](" in text:
         text = _MD_LINK.sub(r"\1 \2", text)
+    if _MID_LINE_NUMBER_HINT.search(text):
+        text = _drop_inline_list_numbers(text)
     text = _MD_LINE_MARKERS.sub("", text)
     if "*" in text or "_" in text or "`" in text or "~" in text:  # most replies have none: skip two scans
         text = _MD_SINGLE.sub(r"\1", _MD_EMPHASIS.sub("", text))
     return text
+
+
+# A numbered list flattened onto one line ("options: 1. Flight A ... 2. Flight B") keeps its list numbers
+# mid-line, where the line-start rule above does not see them.
+_LIST_NUMBER = re.compile(r"(?<!\S)(\d{1,3})[.)](?=[ \t]+\S)")
+_MID_LINE_NUMBER_HINT = re.compile(r"\S[ \t]+\d{1,3}[.)][ \t]+\S")
+_MONTH_BEFORE = re.compile(r"\b(?i:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\.?[ \t]+$")
+
+
+def _list_numbers(markers: list[re.Match], introduced: list[bool]) -> set[int]:
+    """Indexes of the markers that number a list: runs 1, 2, 3... in text order, nested lists interleaved
+    (a run is continued by its next number, an inner run closes when an outer one continues). A run of one
+    is a list only when it is introduced as one (_introduced); otherwise a lone "1." is a number."""
+    runs: list[list[int]] = []  # marker indexes of each run
+    open_runs: list[int] = []  # innermost last
+    for i, m in enumerate(markers):
+        n = int(m.group(1))
+        for depth in range(len(open_runs) - 1, -1, -1):
+            run = runs[open_runs[depth]]
+            if int(markers[run[-1]].group(1)) + 1 == n:
+                del open_runs[depth + 1:]
+                run.append(i)
+                break
+        else:
+            if n == 1:
+                runs.append([i])
+                open_runs.append(len(runs) - 1)
+    return {i for run in runs if len(run) > 1 or introduced[run[0]] for i in run}
+
+
+def _introduced(text: str, marker: re.Match) -> bool:
+    """A list item begins here: a colon or a bold heading before the number ("options: 1. ...", "**Flight 2** 1.
+    ..."), or markup after it ("1. **A**", "1. `code`")."""
+    before = text[max(0, marker.start() - 40):marker.start()].rstrip(" \t")
+    return (before.endswith(("**", "__")) or before.rstrip("*_").endswith(":")
+            or text[marker.end():].lstrip(" \t")[:1] in ("*", "_", "`"))
+
+
+def _drop_inline_list_numbers(text: str) -> str:
+    """Mid-line list numbers removed when they continue a run 1, 2, ... (line-start ones count in the run), so
+    a flattened list reads like the list. Any other number stays a fact: a changed one breaks the run."""
+    markers = [m for m in _LIST_NUMBER.finditer(text)
+               if not _MONTH_BEFORE.search(text, max(0, m.start() - 16), m.start())]
+    numbers = _list_numbers(markers, [_introduced(text, m) for m in markers])
+    if not numbers:
+        return text
+    pieces, pos = [], 0
+    for i in sorted(numbers):
+        m = markers[i]
+        line_start = text.rfind("\n", 0, m.start()) + 1
+        if text[line_start:m.start()].strip():  # mid-line (line-start markers go with _MD_LINE_MARKERS)
+            pieces.append(text[pos:m.start()])
+            pos = m.end()
+    return "".join(pieces) + text[pos:]
 
 
 # -------------------------------------------------------------------------------------------------
@@ -164,13 +220,13 @@ _CLOCK_RE = re.compile(r"(\d{1,2})(?::(\d{2}))?(?::(\d{2}))?\s*(?:([aApP])\.?\s?
 
 
 def time_key(span: str) -> str | None:
-    """'3:05 p.m.' -> '15:05'; '15:00:00' -> '15:00'; None for an impossible time."""
+    """'3:05 p.m.' -> '15:05'; '15:00:00' -> '15:00'; '00:00 AM' -> '00:00'; None for an impossible time."""
     m = _CLOCK_RE.fullmatch(span.strip())
     if m is None:
         return None
     hour, minute, second = int(m.group(1)), int(m.group(2) or 0), int(m.group(3) or 0)
     if m.group(4):
-        if not 1 <= hour <= 12:
+        if not 0 <= hour <= 12:
             return None
         hour = hour % 12 + (12 if m.group(4) in "pP" else 0)
     if hour > 24 or minute > 59 or second > 59:
@@ -226,8 +282,9 @@ def _one_fact(m: re.Match) -> list[Fact] | Fact | None:
     if group in ("ndate", "mdate", "ddate", "mydate"):
         return _date(m, group)
     if group in ("clock", "ampm"):
-        key = time_key(m.group(group))
-        return Fact("time", key, m.group(group)) if key else None
+        span = m.group(group)
+        # An impossible time ("00:60") is still a stated value: compared as written, so a changed digit counts.
+        return Fact("time", time_key(span) or "as written: " + "".join(span.split()).casefold(), span)
     if m.group("money_pre") is not None:
         return _money(m)
     if m.group("number") is not None:

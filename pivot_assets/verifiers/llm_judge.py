@@ -88,8 +88,9 @@ def _state_view(state: list | None, n_last: int) -> list:
     for m in (state or [])[-n_last:] if n_last else []:
         if isinstance(m, dict):
             item = {"role": m.get("role"), "content": m.get("content")}
-            if m.get("tool_calls"):
-                item["tool_calls"] = m["tool_calls"]
+            if m.get("tool_calls"):  # a call's accepted values are the grader's answer key, not part of the state
+                item["tool_calls"] = [{k: v for k, v in c.items() if k != "acceptable"} if isinstance(c, dict) else c
+                                      for c in m["tool_calls"]]
             view.append(item)
     return view
 

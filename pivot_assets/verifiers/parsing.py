@@ -29,7 +29,15 @@ import re
 from functools import lru_cache
 from typing import Any, NamedTuple
 
-from .canonical import canonical_args, canonical_key, loads_canonical, reload_canonical
+from .canonical import canonical_args, canonical_key, canonicalize, loads_canonical, reload_canonical
+
+
+class Accepted(NamedTuple):
+    """The accepted values of one argument of an expected call (its `acceptable` list)."""
+
+    values: tuple  # accepted values in canonical form (JSON in strings decoded), the omit marker left out
+    keys: frozenset  # canonical JSON text of each value as given (dicts aside): a value written the same is accepted
+    omittable: bool  # the list holds "" (BFCL's marker): the argument may be left out
 
 
 class Call(NamedTuple):
@@ -37,6 +45,9 @@ class Call(NamedTuple):
     args: Any  # canonical python value (a dict)
     key: str  # canonical JSON text of args: the equality key
     raw: Any  # arguments as sent (JSON strings not decoded): what schema validation sees
+    raw_key: str  # canonical JSON text of raw: equal to `key` unless a string held JSON
+    # Expected calls only: argument -> its accepted values (the action's `acceptable`); None: `args` alone
+    acceptable: dict[str, Accepted] | None = None
 
 
 class Parsed(NamedTuple):
@@ -102,10 +113,46 @@ def make_call(name: Any, raw_args: Any, where: str = "tool call") -> Call:
     try:
         # Arguments already decoded by loads_canonical (the usual case) skip the checks of _args_value.
         raw = raw_args if type(raw_args) is dict else _args_value(raw_args, f"{where} {name!r}")
-        args, key = canonical_args(raw)
-        return Call(name, args, key, raw)
+        args, key, raw_key = canonical_args(raw)
+        return Call(name, args, key, raw, raw_key)
     except RecursionError:
         raise ParseError(f"{where} {name!r}: arguments nested too deeply") from None
+
+
+OMITTABLE = ""  # in a list of accepted values: the argument may be left out (BFCL's possible_answer marker)
+
+
+def parse_acceptable(acceptable: Any, call: Call, where: str) -> dict[str, Accepted]:
+    """An expected call's `acceptable` ({argument: [accepted values]}) checked and indexed.
+
+    Every argument the call passes must be listed (the demonstration is one of the accepted calls).
+    """
+    if not isinstance(acceptable, dict):
+        raise ParseError(f"{where} {call.name!r}: acceptable must map arguments to lists of accepted values")
+    out = {}
+    for arg, options in acceptable.items():
+        if not isinstance(options, list) or not options:
+            raise ParseError(f"{where} {call.name!r}: acceptable[{arg!r}] must be a non-empty list of accepted values")
+        as_given = [v for v in options if not (isinstance(v, str) and v == OMITTABLE)]
+        # A dict among the values lists accepted values per key (a pattern), so it is never a value as written.
+        literal = frozenset(canonical_key(v) for v in as_given if not _holds_dict(v))
+        out[arg] = Accepted(tuple(canonicalize(v) for v in as_given), literal, len(as_given) < len(options))
+    unlisted = sorted(set(call.args) - set(out))
+    if unlisted:
+        raise ParseError(f"{where} {call.name!r}: argument {unlisted[0]!r} is not in acceptable")
+    return out
+
+
+def _holds_dict(value: Any) -> bool:
+    return isinstance(value, dict) or (isinstance(value, list) and any(_holds_dict(v) for v in value))
+
+
+def _expected_call(obj: dict, where: str) -> Call:
+    """A call of an expected action: its arguments, and its accepted values when it carries `acceptable`."""
+    call = _call_from_obj(obj, where)
+    if obj.get("acceptable") is None:
+        return call
+    return call._replace(acceptable=parse_acceptable(obj["acceptable"], call, where))
 
 
 def _is_call_dict(obj: Any) -> bool:
@@ -297,15 +344,18 @@ def _content_text(content: Any) -> str:
     raise ParseError(f"message content must be text, got {type(content).__name__}")
 
 
-def _parse_action_dict(obj: dict) -> Parsed:
+def _parse_action_dict(obj: dict, expected: bool = False) -> Parsed:
+    """An action dict; `expected`: the expert's, whose calls keep their `acceptable` (a candidate's is ignored)."""
     kind = obj.get("type")
+    one_call = _expected_call if expected else _call_from_obj
     if kind == "function_call":
-        return _calls_parsed([make_call(obj.get("name"), obj.get("arguments"), "function_call")])
+        return _calls_parsed([one_call({"name": obj.get("name"), "arguments": obj.get("arguments"),
+                                        "acceptable": obj.get("acceptable")}, "function_call")])
     if kind == "function_call_batch":
         calls = obj.get("calls")
         if not isinstance(calls, list) or not calls:
             raise ParseError("function_call_batch needs a non-empty 'calls' list")
-        return _calls_parsed([_call_from_obj(c, f"batch call {i}") if isinstance(c, dict)
+        return _calls_parsed([one_call(c, f"batch call {i}") if isinstance(c, dict)
                               else _raise(f"batch call {i} is not an object") for i, c in enumerate(calls)])
     if kind == "message":
         return Parsed("text", _content_text(obj.get("content")).strip(), ())
@@ -398,7 +448,7 @@ def _prepare_expected_text(text: str) -> tuple[Parsed | None, str | None]:
     if not isinstance(obj, dict):
         return None, "expected_action must be a JSON object"
     try:
-        return _parse_action_dict(obj), None
+        return _parse_action_dict(obj, expected=True), None
     except ParseError as e:
         return None, f"expected_action: {e}"
     except RecursionError:

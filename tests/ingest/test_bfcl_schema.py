@@ -39,6 +39,14 @@ def test_dict_argument_takes_the_first_accepted_value_of_each_key():
     assert action["arguments"] == {"loc": {"city": "Paris"}}
 
 
+def test_list_of_dicts_takes_the_first_accepted_value_of_each_key_of_each_item():
+    truth = [{"database.query": {"table": ["user"], "conditions": [[
+        {"field": ["age"], "operation": [">"], "value": ["25"]}, {"field": ["job"], "operation": ["="], "value": ["", "x"]}]]}}]
+    assert expected_action(truth)["arguments"] == {
+        "table": "user", "conditions": [{"field": "age", "operation": ">", "value": "25"}, {"field": "job", "operation": "="}]}
+    assert expected_action([{"f": {"xs": [[3, 5]]}}])["arguments"] == {"xs": [3, 5]}
+
+
 @pytest.mark.parametrize("truth", [[], [{"f": {"x": []}}], [{"f": 3}], [{"f": {}, "g": {}}]])
 def test_malformed_answers_raise_one_line_errors(truth):
     with pytest.raises(BFCLError, match="bfcl_answer"):

@@ -205,7 +205,7 @@ ARITHMETIC = [
 
 @pytest.mark.parametrize("expert,candidate,verdict", ARITHMETIC)
 def test_arithmetic_arguments(expert, candidate, verdict):
-    for spec in ({"name": "tool_call"}, {"name": "tool_call", "mode": "f1", "ignore_case": True}):
+    for spec in ({"name": "tool_call"}, {"name": "tool_call", "mode": "f1", "strings": "casefold"}):
         s = build_verifier(spec).score(call("calculate", expression=expert), hermes("calculate", expression=candidate))
         assert (s.reward, s.reason) == verdict, s.detail
     if verdict[0] == 0.0:  # string_similarity sees the expression as one fact too
@@ -218,10 +218,12 @@ def test_arithmetic_detail_and_the_old_behaviour():
     s = build_verifier({"name": "tool_call"}).score(call("calculate", expression="175 + 200"),
                                                     hermes("calculate", expression="175 + 300"))
     assert s.detail == "expression: expected 200, got 300"
+    # Without the parse an expression is a value, not free text: a changed number is another string (version 2
+    # compared it by word overlap, 0.8 >= 0.75, and paid 1.0).
     old = build_verifier({"name": "tool_call", "arithmetic": False, "facts": "ignore"})
     expr = "2 * ((350 - 122) + (499 - 127))"
-    assert old.score(call("calculate", expression=expr),  # what the issue measured: word overlap 0.8 >= 0.75
-                     hermes("calculate", expression=expr.replace("499", "498"))).reward == 1.0
+    s = old.score(call("calculate", expression=expr), hermes("calculate", expression=expr.replace("499", "498")))
+    assert (s.reward, s.reason) == (0.0, Reason.ARGUMENT_VALUE_DIFFERENT)
 
 
 def test_expression_parser_accepts_only_arithmetic():
@@ -365,6 +367,82 @@ def test_real_airline_replies(shared_data_dir):
             assert s.reason == Reason.FACT_MISMATCH and s.detail.endswith(f"got {other}"), (text, s)
             n_changed += 1
     assert len(replies) > 100 and n_changed > 30
+
+
+LAYOUT_SAME = [
+    ("numbered list flattened", "Two options:\n1. Flight HAT131 at $228\n2. Flight HAT190 at $464",
+     "Two options: 1. Flight HAT131 at $228 2. Flight HAT190 at $464"),
+    ("bullets numbered and flattened", "Two options:\n- Flight HAT131 at $228\n- Flight HAT190 at $464",
+     "Two options: 1. Flight HAT131 at $228 2. Flight HAT190 at $464"),
+    ("nested lists flattened", "Plan:\n* **Flight 1**\n    * Price: $53\n    * Cabin: economy\n* **Flight 2**\n"
+     "    * Price: $71", "Plan: 1. **Flight 1** 1. Price: $53 2. Cabin: economy 2. **Flight 2** 1. Price: $71"),
+    ("a list of one, introduced by a colon", "Please confirm the change:\n* Passenger: Mia Li",
+     "Please confirm the change: 1. Passenger: Mia Li"),
+    ("a list of one item in bold", "Summary\n* **Total: $1000.00**", "Summary 1. **Total: $1000.00**"),
+    ("partly flattened", "Steps:\n1. cancel\n2. rebook 3. refund", "Steps: 1. cancel 2. rebook\n3. refund"),
+]
+
+
+@pytest.mark.parametrize("label,expert,candidate", LAYOUT_SAME, ids=[c[0] for c in LAYOUT_SAME])
+def test_a_list_laid_out_otherwise_states_the_same_facts(label, expert, candidate):
+    assert fact_difference(extract(expert), extract(candidate)) is None, (extract(expert), extract(candidate))
+
+
+LAYOUT_CHANGED = [
+    ("a changed amount in a flattened list", "Two options:\n1. HAT131 at $228\n2. HAT190 at $464",
+     "Two options: 1. HAT131 at $228 2. HAT190 at $465"),
+    ("renumbered", "Steps: 1. cancel 2. rebook 3. refund", "Steps: 1. cancel 2. rebook 4. refund"),
+    ("a sentence-final number changed", "You have 2. Then we rebook.", "You have 3. Then we rebook."),
+    ("a lone number", "Bags checked: 1. Anything else?", "Bags checked: 2. Anything else?"),
+    ("a number that continues a list, changed", "1. cancel 2. rebook. Nights: 3. Done.",
+     "1. cancel 2. rebook. Nights: 2. Done."),
+    ("a lone 1 dropped", "We found 1. Okay?", "We found. Okay?"),
+    ("dates are not list numbers", "Flights on May 1. Then on May 2. Fine.", "Flights on May 1. Then on May 3. Fine."),
+]
+
+
+@pytest.mark.parametrize("label,expert,candidate", LAYOUT_CHANGED, ids=[c[0] for c in LAYOUT_CHANGED])
+def test_a_changed_number_is_never_taken_for_a_list_number(label, expert, candidate):
+    assert fact_difference(extract(expert), extract(candidate)) is not None
+
+
+_BULLET = re.compile(r"^([ \t]*)[-*+][ \t]+", re.M)
+
+
+def numbered_and_flattened(text: str) -> str:
+    """Bullets as numbers (a counter per indent, reset by any other line), then every line joined into one."""
+    out, counters = [], {}
+    for line in text.split("\n"):
+        m = _BULLET.match(line)
+        if m:
+            indent = len(m.group(1).expandtabs(4))
+            counters = {k: v for k, v in counters.items() if k <= indent}
+            counters[indent] = counters.get(indent, 0) + 1
+            line = f"{m.group(1)}{counters[indent]}. {line[m.end():]}"
+        elif line.strip():
+            counters = {}
+        out.append(line)
+    return re.sub(r"\s*\n\s*", " ", "\n".join(out)).strip()
+
+
+def test_real_airline_replies_laid_out_on_one_line(shared_data_dir):
+    """The issue's case: tau2 replies with their lists numbered and flattened keep their facts; one changed
+    amount in that layout is still a FACT_MISMATCH."""
+    path = shared_data_dir / "tau2-bench" / "airline_run1.json"
+    if not path.exists():
+        pytest.skip(f"{path} absent")
+    replies = {m["content"] for sim in json.loads(path.read_text())["simulations"] for m in sim["messages"]
+               if m["role"] == "assistant" and not m.get("tool_calls") and isinstance(m.get("content"), str)
+               and _BULLET.search(m["content"] or "")}
+    v = build_verifier({"name": "tool_call"})
+    for text in sorted(replies):
+        laid_out = numbered_and_flattened(text)
+        assert v.score(msg(text), laid_out).reward == 1.0, laid_out
+        money = re.search(r"\$(\d+)", laid_out)
+        if money:
+            changed = laid_out[:money.start(1)] + str(int(money.group(1)) + 1) + laid_out[money.end(1):]
+            assert v.score(msg(text), changed).reason == Reason.FACT_MISMATCH, changed
+    assert len(replies) > 30
 
 
 def test_punctuation_and_alphabet_do_not_crash_extraction():

@@ -29,7 +29,7 @@ json_values = st.recursive(
 )
 arguments = st.dictionaries(st.text(min_size=1, max_size=8), json_values, max_size=5)
 VERIFIERS = [build_verifier({"name": n}) for n in ("tool_call", "exact", "string_similarity", "tool_name")] + [
-    build_verifier({"name": "tool_call", "mode": "f1", "ignore_case": True, "strip_punctuation": True})]
+    build_verifier({"name": "tool_call", "mode": "f1", "strings": "bfcl"})]
 
 
 def _reformat(value, rng: random.Random) -> str:

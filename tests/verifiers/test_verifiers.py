@@ -141,9 +141,9 @@ TOOL_CALL_CASES = [
     ("whitespace in strings", {}, call("f", q="new  york"), hermes("f", q=" new york"), None, (1.0, Reason.OK)),
     ("case differs (case-sensitive default)", {}, call("f", id="ABC1"), hermes("f", id="abc1"), None,
      (0.0, Reason.ARGUMENT_VALUE_DIFFERENT)),
-    ("case differs, ignore_case", {"ignore_case": True}, call("f", id="ABC1"), hermes("f", id="abc1"), None,
+    ("case differs, strings casefold", {"strings": "casefold"}, call("f", id="ABC1"), hermes("f", id="abc1"), None,
      (1.0, Reason.OK)),
-    ("punctuation, strip_punctuation", {"strip_punctuation": True}, call("f", q="Paris, France"),
+    ("punctuation, strings bfcl", {"strings": "bfcl"}, call("f", q="Paris, France"),
      hermes("f", q="Paris France"), None, (1.0, Reason.OK)),
     ("free text above threshold", {}, call("f", note="customer wants a refund for the cancelled flight"),
      hermes("f", note="the customer wants a refund for a cancelled flight"), None, (1.0, Reason.OK)),
@@ -180,10 +180,15 @@ TOOL_CALL_CASES = [
      hermes("get_weather", city="Paris", units="imperial"), WEATHER_TOOLS, (0.0, Reason.EXTRA_ARGUMENT)),
     ("equivalent but schema-invalid", {}, call("get_weather", city="Paris", days=2),
      hermes("get_weather", city="Paris", days=2.0000001), WEATHER_TOOLS, (0.0, Reason.SCHEMA_INVALID)),
-    ("equivalent but schema-invalid enum", {"ignore_case": True}, call("get_weather", city="Paris", units="imperial"),
+    ("enum value in another case", {}, call("get_weather", city="Paris", units="imperial"),
      hermes("get_weather", city="Paris", units="IMPERIAL"), WEATHER_TOOLS, (0.0, Reason.SCHEMA_INVALID)),
-    ("schema off", {"validate_schema": False}, call("get_weather", city="Paris", days=2),
-     hermes("get_weather", city="Paris", days=2.0000001), WEATHER_TOOLS, (1.0, Reason.OK)),
+    ("enum value in another case, strings casefold: the member it spells", {"strings": "casefold"},
+     call("get_weather", city="Paris", units="imperial"), hermes("get_weather", city="Paris", units="IMPERIAL"),
+     WEATHER_TOOLS, (1.0, Reason.OK)),
+    ("equivalent but below the schema's minimum", {}, call("get_weather", city="Paris", days=0),
+     hermes("get_weather", city=" Paris", days=0), WEATHER_TOOLS, (0.0, Reason.SCHEMA_INVALID)),
+    ("schema off", {"validate_schema": False}, call("get_weather", city="Paris", days=0),
+     hermes("get_weather", city=" Paris", days=0), WEATHER_TOOLS, (1.0, Reason.OK)),
     ("spoke instead of call", {}, call("f"), "Let me check that for you.", None, (0.0, Reason.SPOKE_INSTEAD_OF_CALL)),
     ("called instead of speaking", {}, msg("Which city?"), hermes("f"), None, (0.0, Reason.CALLED_INSTEAD_OF_SPEAK)),
     ("text vs text similar", {}, msg("Which city are you flying to?"), "Which city are you flying to ?", None,
@@ -353,7 +358,8 @@ BAD_SPECS = [
     ({"name": "tool_call", "mode": "f2"}, "parameter 'mode' must be one of"),
     ({"name": "tool_call", "text_threshold": "high"}, "parameter 'text_threshold' must be float"),
     ({"name": "tool_call", "text_threshold": 1.5}, "outside"),
-    ({"name": "tool_call", "ignore_case": 1}, "parameter 'ignore_case' must be bool"),
+    ({"name": "tool_call", "strings": "lower"}, "parameter 'strings' must be one of"),
+    ({"name": "tool_call", "ignore_case": True}, "parameter 'ignore_case' was replaced: strings: casefold"),
     ({"name": "string_similarity", "mode": "shell"}, "parameter 'mode'"),
     ({"name": "stack", "steps": []}, "at least one"),
     ({"name": "stack", "steps": [{"name": "exact", "x": 1}]}, "unknown parameter 'x'"),
@@ -379,7 +385,7 @@ def test_fingerprints():
     assert a.fingerprint == build_verifier({"name": "tool_call", "mode": "binary"}).fingerprint
     assert a.fingerprint != build_verifier({"name": "tool_call", "text_threshold": 0.6}).fingerprint
     assert a.fingerprint != build_verifier({"name": "exact"}).fingerprint
-    assert (a.name, a.version, a.config["mode"], a.config["facts"]) == ("tool_call", "2", "binary", "exact")
+    assert (a.name, a.version, a.config["mode"], a.config["facts"]) == ("tool_call", "3", "binary", "exact")
     assert a.fingerprint != build_verifier({"name": "tool_call", "facts": "ignore"}).fingerprint
     assert len(a.fingerprint) == 16
     judge = {"name": "llm_judge", "base_url": "http://127.0.0.1:9/v1", "model": "judge"}
