@@ -291,8 +291,8 @@ def main() -> None:
         f"Config: `{rel.relative_to(ROOT) if rel.is_relative_to(ROOT) else rel}`; CPU: {describe_cpu()}; native bf16: "
         f"{native} ({why}); one torch thread per process.",
         f"Load average at start {load_start[0]:.2f} / {load_start[1]:.2f} / {load_start[2]:.2f}, at end "
-        f"{load_end[0]:.2f} / {load_end[1]:.2f} / {load_end[2]:.2f} (the machine is shared: the estimate uses CPU "
-        "seconds, what an idle core takes; wall seconds are shown beside them).", "",
+        f"{load_end[0]:.2f} / {load_end[1]:.2f} / {load_end[2]:.2f} (the machine is shared: the estimate is in CPU "
+        "seconds, the same at load 3 and 7 here; wall seconds are shown beside them).", "",
         f"BFCL items: {len(items)} ({args.categories}); split (conversation = item): {sizes.get('held_out', 0)} held "
         f"out ({cfg.training.eval_fraction}), {sizes.get('warmup', 0)} warm-up ({cfg.training.warmup_fraction}), "
         f"{sizes.get('pool', 0)} pool.", "",

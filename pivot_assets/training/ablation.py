@@ -75,7 +75,8 @@ def cand_seed(cfg: "PivotConfig", seed: int) -> int:
     return seeded_int(cfg.pivots.seed, f"ablation-cand:{seed}", bits=31)
 
 
-def draw_cand(profiles: "pl.DataFrame", turns: "pl.DataFrame", cfg: "PivotConfig", seed: int, size: int) -> "pl.DataFrame":
+def draw_cand(profiles: "pl.DataFrame", turns: "pl.DataFrame", cfg: "PivotConfig", seed: int,
+              size: int) -> "pl.DataFrame":
     """D_cand for one seed: select_pivots' candidate sample over the given (pool) profiles, `size` rows, seeded by
     cand_seed(seed) (the same candidate rules and caps as pivots_cand)."""
     from pivot_assets.curation.selection import select_pivots
@@ -319,7 +320,8 @@ def pairs_markdown(pairs: list[dict], eval_set: str) -> str:
         local, ood = by.get((a, b, eval_set)), by.get((a, b, "ood"))
         if local is None or ood is None:
             continue
-        yes = lambda p: "n/a" if p["excludes_zero"] is None else ("**yes**" if p["excludes_zero"] else "no")  # noqa: E731
+        yes = lambda p: ("n/a" if p["excludes_zero"] is None  # noqa: E731
+                         else "**yes**" if p["excludes_zero"] else "no")
         lines.append(f"| {a} − {b} | {local['n_seeds']} | {fmt_interval(local, 'delta')} | {yes(local)} | "
                      f"{fmt_interval(ood, 'delta')} | {yes(ood)} |")
     return "\n".join(lines)

@@ -393,8 +393,9 @@ def compare(cfg: "PivotConfig", policies: list[tuple[Policy, dict]], sets: dict[
             base = _matrix(ref, ids, policy.draws) if ref is not None else None
             delta = (resampled_mean([[a - b for a, b in zip(x, y)] for x, y in zip(values, base)], draws)
                      if values and base and units else (None, None, None))
-            rows.append({"policy": policy.name, "arm": policy.arm, "seed": policy.seed, "model_fp": scores.get("model_fp"),
-                         "eval_key": key, "eval_set": name, "n": len(units), "n_conversations": len(set(units)),
+            rows.append({"policy": policy.name, "arm": policy.arm, "seed": policy.seed,
+                         "model_fp": scores.get("model_fp"), "eval_key": key, "eval_set": name, "n": len(units),
+                         "n_conversations": len(set(units)),
                          "n_seeds": len(policy.draws), "k": cfg.training.eval_k if ids is not None else 1,
                          "accuracy": acc[0], "ci_low": acc[1], "ci_high": acc[2], "delta": delta[0],
                          "delta_low": delta[1], "delta_high": delta[2], "backend": engine.backend,
@@ -495,14 +496,16 @@ def score_policies(wh: "Warehouse", cfg: "PivotConfig", verifiers, policies: lis
     wanted = _draws_by_model(cfg, policies)
     by_fp = _score_in_workers(wh, cfg, wanted, rows, probe, verifiers, log)
     progress = Progress(total=len(wanted), unit=unit, log=log, every_s=0)
+    adv = set(sets["adv"])
     for fp, (model, model_draws) in wanted.items():
         if fp not in by_fp:
             by_fp[fp] = policy_scores(wh, cfg, model, fp, model_draws, rows, probe, verifiers, log)
         scores = by_fp[fp]
-        local = [v for d in model_draws for t, v in scores["turns"][d].items() if t in set(sets["adv"])]
+        local = [v for d in model_draws for t, v in scores["turns"][d].items() if t in adv]
+        ood = sum(scores["ood"]) / len(scores["ood"]) if scores["ood"] else None
         progress.update(1, f"{Path(model).name if '/' in model else model}{' (cached)' if scores['cached'] else ''}: "
                            f"adv {fmt_accuracy(sum(local) / len(local) if local else None)} over {len(model_draws)} "
-                           f"draw(s), ood {fmt_accuracy(sum(scores['ood']) / len(scores['ood']) if scores['ood'] else None)}")
+                           f"draw(s), ood {fmt_accuracy(ood)}")
     scored = [(p, {**by_fp[model_fingerprint(p.model, cfg)], "model_fp": model_fingerprint(p.model, cfg)})
               for p in policies]
     return Scored(scored, sets, key, turn_conversations(wh, set().union(*sets.values())))

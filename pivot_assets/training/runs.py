@@ -125,6 +125,9 @@ ARM_SPECS = {  # arm -> (trainer, pivot set, reward): the paper's ablation rows
 }
 
 
+ARM_UNUSED = ("steps", "set")  # keys of training: / sft: the ablation's arms never read (their steps: pool size)
+
+
 def arm_dir(arm: str, seed: int) -> str:
     """models/<this>: one folder per (arm, seed), so no arm or seed ever overwrites another."""
     return f"ablation_{arm}_s{int(seed)}"
@@ -160,7 +163,9 @@ def arm_key(wh: Warehouse, cfg: PivotConfig, arm: str, seed: int, verifier_fp: s
     from .split import config_split, split_fingerprint
 
     trainer, pivot_set, _ = ARM_SPECS[arm]
-    section = training_identity(cfg) if trainer == "grpo" else sft_identity(cfg)
+    section = training_identity(cfg) if trainer == "grpo" else sft_identity(cfg)["sft"]
+    # what the arms never read: their steps come from their pools, and training.set is grpo_run's
+    section = {k: v for k, v in section.items() if k not in ARM_UNUSED}
     return short_hash(canonical_json({
         "arm": arm, "seed": seed, "epochs": cfg.ablation.epochs if cfg.ablation else 1.0, "section": section,
         "sft_lr": cfg.ablation.sft_learning_rate if cfg.ablation else None,

@@ -18,8 +18,6 @@ NORM_FACTOR = 2.0  # bf16-autocast update norms lie within this factor of fp32's
 
 def _movement(before: dict, model_dir) -> tuple[float, float]:
     """(share of parameter entries that changed, L2 norm of the update) of a saved model against `before`."""
-    import torch
-
     from pivot_assets.policies.models import load_model
 
     after, _ = load_model(str(model_dir), dtype="float32")

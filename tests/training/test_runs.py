@@ -92,6 +92,14 @@ def test_arm_models_are_keyed_by_arm_seed_and_pool_and_evaluation_keys_never_ret
         sections = {"ablation": {"seeds": [0, 1]}, **evaluation_only}
         assert key == runs.arm_key(wh, _cfg(tmp_path, **sections), "grpo_adv", 0, "v", ["u1"]), evaluation_only
     assert key != runs.arm_key(wh, _cfg(tmp_path, ablation={"epochs": 2}), "grpo_adv", 0, "v", ["u1"])
+    for unused in ({"training": {"steps": 3}}, {"training": {"set": "mixed"}}, {"sft": {"steps": 5}}):  # grpo_run's
+        sections = {"ablation": {"seeds": [0, 1]}, **unused}
+        assert key == runs.arm_key(wh, _cfg(tmp_path, **sections), "grpo_adv", 0, "v", ["u1"]), unused
+    sft = runs.arm_key(wh, cfg, "sft_same_data", 0, None, ["u1"])
+    assert sft == runs.arm_key(wh, _cfg(tmp_path, ablation={"seeds": [0, 1]}, sft={"steps": 5}), "sft_same_data", 0,
+                               None, ["u1"])
+    assert sft != runs.arm_key(wh, _cfg(tmp_path, ablation={"seeds": [0, 1]}, sft={"batch_size": 5}),
+                               "sft_same_data", 0, None, ["u1"])
     assert key != runs.arm_key(wh, cfg, "grpo_adv", 0, "v", ["u1", "u2"])  # another pool (a D_cand draw)
     assert key != runs.arm_key(wh, _cfg(tmp_path, ablation={"seeds": [0, 1]}, training={"warmup_fraction": 0.2}),
                                "grpo_adv", 0, "v", ["u1"])

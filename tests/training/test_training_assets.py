@@ -77,7 +77,8 @@ def test_sft_grpo_eval_materialize_and_evaluation_uses_the_configured_engine(tmp
     wh = Warehouse(tmp_path / "wh")
     split = ConversationSplit(0.4, 0.5, 0)
     warmup, held_out = split.trajectories(wh, WARMUP), split.trajectories(wh, HELD_OUT)
-    profiled = set(con.sql("select trajectory_id from turn_profiles join turns using (turn_id)").fetchnumpy()["trajectory_id"])
+    profiled = set(con.sql("select u.trajectory_id from turn_profiles p join turns u using (turn_id)")
+                   .fetchnumpy()["trajectory_id"])
     assert warmup and held_out and profiled and not profiled & warmup and held_out <= profiled
 
     # the ablation: one model dir per arm and seed, rows keyed by arm and seed, the named views
