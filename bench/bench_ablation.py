@@ -1,20 +1,24 @@
-"""The ablation at CPU scale, cold and timed (configs/ablation_cpu.yaml), into bench/RESULTS_ablation.md.
+"""The ablation, cold and timed, into bench/RESULTS_ablation.md (or --out).
 
     .venv/bin/python bench/bench_ablation.py [--config configs/ablation_cpu.yaml] [--out bench/RESULTS_ablation.md]
-                                             [--keep DIR]
+                                             [--keep DIR] [--report-only]
+    .venv/bin/python bench/bench_ablation.py --config configs/ablation_bfcl.yaml \
+        --out bench/RESULTS_ablation_bfcl.md --keep /tmp/ablation-bfcl       # BFCL single-turn, ~150 min
 
 Runs `pivot run --config <copy> --select '*ablation_results'` (what ablation_job runs) in a fresh warehouse and
 Dagster home (nothing cached but the converted embedded model): ingest, profiling, curation, the SFT warm-up
-(the reference) and ablation_results (every arm trained, then all evaluated).
-Records the wall time of every Dagster step, the training seconds of every arm, the evaluation seconds, the load
-average, and the `ablation_table` view.
+(the reference) and ablation_results (every arm trained, then all evaluated). The copy keeps the config's inputs
+where they are (relative paths are made absolute). With --keep DIR, a killed run resumes where it stopped when the
+same command is run again: finished arms and evaluations are read back, not redone.
+Records the wall time of every Dagster step, each arm's training (pool, steps, turns, tokens, useful share), the
+evaluation seconds, the load average, the `ablation_table` view on the primary set, and the paired differences
+between arms (`ablation_pairs_table`) with whether each 95% interval excludes 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +30,23 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_demo import cpu_seconds_of_children, step_seconds  # noqa: E402
+
+
+def work_config(path: Path, warehouse: Path) -> str:
+    """The config to run: the original with its warehouse in the work dir and its inputs' paths made absolute."""
+    import yaml
+
+    raw = yaml.safe_load(path.read_text())
+    raw["warehouse"] = str(warehouse)
+    for spec in raw.get("inputs") or []:
+        for key in ("path", "tools"):
+            if spec.get(key) and not Path(spec[key]).is_absolute():
+                spec[key] = str((path.resolve().parent / spec[key]).resolve())
+    for section, key in (("training", "ood_probe"),):
+        value = (raw.get(section) or {}).get(key)
+        if value and not Path(value).is_absolute():
+            raw[section][key] = str((path.resolve().parent / value).resolve())
+    return yaml.safe_dump(raw, sort_keys=False)
 
 
 def main() -> None:
@@ -47,8 +68,7 @@ def main() -> None:
     load_start = os.getloadavg()
     total = cpu = None
     if not args.report_only:
-        text = Path(args.config).read_text()
-        config.write_text(re.sub(r"(?m)^warehouse: .*$", f"warehouse: {work / 'warehouse'}", text))
+        config.write_text(work_config(Path(args.config), work / "warehouse"))
         cpu0, t0 = cpu_seconds_of_children(), time.perf_counter()
         proc = subprocess.run([str(ROOT / ".venv" / "bin" / "pivot"), "run", "--config", str(config),
                                "--select", "*ablation_results"], env=env, capture_output=True, text=True)
@@ -64,7 +84,11 @@ def main() -> None:
     con = duckdb.connect(str(work / "warehouse" / "pivot.duckdb"), read_only=True)
     table = con.sql("select * from ablation_table")
     header, rows = table.columns, table.fetchall()
-    runs = con.sql("select arm, seed, trainer, pivot_set, steps, n_train, train_s, final_metric from ablation_runs").fetchall()
+    pairs = con.sql("select * from ablation_pairs_table").fetchall()
+    pair_header = con.sql("select * from ablation_pairs_table limit 0").columns
+    primary = con.sql("select distinct eval_set from ablation_results where \"primary\"").fetchone()[0]
+    runs = con.sql("select arm, seed, trainer, pivot_set, pool, steps, turns_trained, not_trained_on, tokens, "
+                   "useful_share, cand_overlap_adv, train_s, final_metric from ablation_runs order by seed, arm").fetchall()
     funnel = con.sql("select * from pivot_funnel").fetchall() if "pivot_funnel" in {
         r[0] for r in con.sql("select view_name from duckdb_views()").fetchall()} else []
     sets = con.sql("select eval_set, max(n) from ablation_results group by eval_set order by eval_set").fetchall()
@@ -81,10 +105,18 @@ def main() -> None:
               f"{total / 60:.1f} min; CPU time of all its processes {cpu / 60:.1f} min.**"
               if total is not None else "Report of an existing run (--report-only)."), "",
              "Evaluation sets (held out, fixed): " + ", ".join(f"{s}: {n}" for s, n in sets) + ".", "",
-             "## ablation_table", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+             f"## ablation_table (primary set: `{primary}`)", "", "| " + " | ".join(header) + " |",
+             "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
-    lines += ["", "## Training per arm", "", "| arm | seed | trainer | set | steps | train examples/prompts | "
-              "train s | final loss (SFT) / reward (GRPO) |", "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "## Paired differences between arms (ablation_pairs_table)", "",
+              "Pooled over the seeds both arms ran, seed s against seed s on the same evaluation draws; 95% intervals "
+              "from the hierarchical bootstrap (seeds, conversations, turns), the same resamples for both sides. "
+              "`excludes_zero`: the interval lies wholly above or below 0.", "",
+              "| " + " | ".join(pair_header) + " |", "|" + "---|" * len(pair_header)]
+    lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in pairs]
+    lines += ["", "## Training per arm", "", "| arm | seed | trainer | set | pool turns | steps | turns trained on | "
+              "not trained on | tokens | useful share (GRPO) | D_cand ∩ D_adv | train s | final loss (SFT) / reward "
+              "(GRPO) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in runs]
     lines += ["", f"Evaluation (sampling + OOD probe, summed over distinct models): {fmt(eval_s)} s.", "",
               "## Wall time per Dagster step", "", "| step | seconds |", "|---|---|"]

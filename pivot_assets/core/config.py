@@ -118,6 +118,9 @@ class TrainingSection(_Strict):
     learning_rate: float = Field(1.0e-6, gt=0)
     max_completion_length: int = Field(256, ge=1)
     eval_fraction: float = Field(0.1, ge=0.0, lt=1.0)
+    # Conversations only the SFT warm-up trains on; profiling skips them, so the reference never profiles what
+    # it was trained on (the three-way split, core/split.py). 0: warm-up / pool are one side (the two-way split).
+    warmup_fraction: float = Field(0.0, ge=0.0, lt=1.0)
     eval_k: int = Field(4, ge=1)
     seed: int = 0
     dtype: Dtype = "auto"  # GRPO training precision; auto: bf16 autocast only where native
@@ -133,6 +136,13 @@ class TrainingSection(_Strict):
     ood_probe: str | None = None  # JSONL file or HF dataset dir of {prompt, answer, kind}; null: the built-in probe
     ood_max_items: int | None = Field(None, ge=1)  # evaluate the first N probe items (seeded order); null: all
 
+    @model_validator(mode="after")
+    def _split_leaves_a_pool(self):
+        if self.eval_fraction + self.warmup_fraction >= 1.0:
+            raise ValueError(f"warmup_fraction {self.warmup_fraction} + eval_fraction {self.eval_fraction} leave no "
+                             "training pool (their sum must be below 1)")
+        return self
+
     @field_validator("reward_verifier")
     @classmethod
     def _reward_verifier_shape(cls, v):
@@ -144,15 +154,37 @@ class TrainingSection(_Strict):
 ARMS = ("grpo_adv", "grpo_cand", "grpo_mixed", "grpo_adv_exact", "sft_same_data")
 
 
+EVAL_SET_NAMES = Literal["profiled", "mixed", "adv"]
+
+
 class AblationSection(_Strict):
-    """The paper's ablation (training/ablation.py): every arm from one init with one update budget."""
+    """The paper's ablation (training/ablation.py): every arm from one init, each making `epochs` passes over its
+    own training pool, once per seed; the headline is the `primary` evaluation set, named before the run."""
 
     arms: list[Literal["grpo_adv", "grpo_cand", "grpo_mixed", "grpo_adv_exact", "sft_same_data"]] = Field(
         default_factory=lambda: list(ARMS))
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)  # each arm is trained once per seed
-    steps: int | None = Field(None, ge=1)  # optimizer steps per arm; null: training.steps (CPU cap: 8 GRPO steps)
+    # Each arm is trained once per seed; a seed redraws D_cand, the trainer's sampling and the evaluation draws.
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    # Passes over an arm's pool (its pivot set in the training pool): steps = ceil(epochs x steps per pass).
+    epochs: float = Field(1.0, ge=1.0)
+    primary: EVAL_SET_NAMES = "profiled"  # the evaluation set the headline (ablation_table) reads
     exact_verifier: dict[str, Any] = Field(default_factory=lambda: {"default": {"name": "exact"}})
     sft_learning_rate: float | None = Field(None, gt=0)  # the same-data SFT arm; null: sft.learning_rate
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_fixed_budget(cls, data):
+        if isinstance(data, dict) and "steps" in data:
+            raise ValueError("ablation.steps is gone: every arm makes `epochs` passes over its own pool "
+                             "(steps from the pool size); set ablation.epochs")
+        return data
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, v):
+        if len(set(v)) != len(v):
+            raise ValueError("seeds must be distinct")
+        return v
 
 
 class SFTSection(_Strict):

@@ -64,6 +64,11 @@ def build_assets(cfg: PivotConfig) -> list:
     def profiler(shard: int | None) -> Profiler:
         return Profiler.for_config(cfg, verifiers, shard)
 
+    # The warm-up split decides which turns are profiled (core/split.py); a two-way split keeps the old version.
+    split = [cfg.training.eval_fraction, cfg.training.warmup_fraction, cfg.training.seed]
+    if cfg.training.warmup_fraction:
+        rollouts_version = f"{rollouts_version}|split:{split}"
+
     @dg.asset(deps=policy_deps, group_name=GROUP, code_version=rollouts_version,
               kinds={"parquet", "pytorch", *(["ray"] if cfg.scale.engine == "ray" else [])},
               partitions_def=partitions, pool=GENERATION_POOL)

@@ -37,6 +37,7 @@ from pivot_assets.core.catalog import EXPERT_LIKELIHOODS_SCHEMA, REWARDS_SCHEMA,
 from pivot_assets.core.hardware import Precision, resolve_dtype
 from pivot_assets.core.ids import canonical_json, short_hash
 from pivot_assets.core.progress import Progress
+from pivot_assets.core.split import WARMUP, ConversationSplit
 from pivot_assets.core.warehouse import Warehouse
 
 from . import adaptive as adaptive_rule
@@ -50,10 +51,17 @@ PER_TURN, PER_SAMPLE = "per_turn", "per_sample"  # how samples are seeded (`prof
 
 
 # -- generation ------------------------------------------------------------------------------
-def select_turns(wh: Warehouse, limit_turns: int | None) -> list[str]:
-    """The turns to profile: all, or the first N by turn_id (a stable, content-derived order)."""
+def select_turns(wh: Warehouse, limit_turns: int | None, split: "ConversationSplit | None" = None) -> list[str]:
+    """The turns to profile: all but the warm-up conversations' (the reference never profiles what it was trained
+    on: core/split.py), or the first N of them by turn_id (a stable, content-derived order)."""
     limit = f"limit {int(limit_turns)}" if limit_turns else ""
-    return [r[0] for r in duckdb.sql(f"select turn_id from read_parquet('{wh.table_path('turns')}') order by turn_id {limit}").fetchall()]
+    con = wh.duck()
+    skip = sorted(split.trajectories(wh, WARMUP)) if split is not None and split.warmup_fraction else []
+    con.register("warmup", pa.table({"trajectory_id": pa.array(skip, pa.string())}))
+    rows = con.execute(f"select turn_id from read_parquet('{wh.table_path('turns')}') "
+                       f"where trajectory_id not in (select trajectory_id from warmup) order by turn_id {limit}").fetchall()
+    con.close()
+    return [r[0] for r in rows]
 
 
 def done_turns(wh: Warehouse, policy_fp: str, sampling_fp: str, shard: int | None = None) -> set[str]:
@@ -506,10 +514,11 @@ class Profiler:
 
     def __init__(self, wh: Warehouse, policy: "PolicySection", verifiers, threads: int | str = "auto",
                  shard: int | None = None, shards: int = 1, seeding: str = PER_TURN,
-                 adaptive: "AdaptiveSection | None" = None, lambda_diff: float = 0.6):
+                 adaptive: "AdaptiveSection | None" = None, lambda_diff: float = 0.6,
+                 split: ConversationSplit | None = None):
         from pivot_assets.core.config import AdaptiveSection
 
-        self.wh, self.policy, self.verifiers, self.threads = wh, policy, verifiers, threads
+        self.wh, self.policy, self.verifiers, self.threads, self.split = wh, policy, verifiers, threads, split
         self.precision = policy_precision(policy)
         self.shard, self.shards, self.seeding = shard, shards, seeding
         self.adaptive, self.lambda_diff = adaptive or AdaptiveSection(), lambda_diff
@@ -528,7 +537,7 @@ class Profiler:
             verifiers = DomainVerifiers(cfg.verifier)
         return cls(Warehouse(cfg.warehouse_dir), cfg.policy, verifiers, cfg.runtime.threads, shard=shard,
                    shards=cfg.scale.shards, seeding=cfg.profiling.seeding, adaptive=cfg.profiling.adaptive,
-                   lambda_diff=cfg.pivots.lambda_diff)
+                   lambda_diff=cfg.pivots.lambda_diff, split=ConversationSplit.from_config(cfg))
 
     @cached_property
     def sampling(self):
@@ -554,9 +563,9 @@ class Profiler:
 
     @cached_property
     def turns(self) -> list[str]:
-        """The wanted turns (all, or the first limit_turns), then those of this shard: the shards of a
-        limit_turns config together profile exactly the turns one unsharded run would."""
-        turns = select_turns(self.wh, self.policy.limit_turns)
+        """The wanted turns (all outside the warm-up split, or the first limit_turns of them), then those of this
+        shard: the shards of a limit_turns config together profile exactly the turns one unsharded run would."""
+        turns = select_turns(self.wh, self.policy.limit_turns, self.split)
         return turns if self.shard is None else shard_turns(self.wh, turns, self.shard, self.shards)
 
     @cached_property

@@ -45,7 +45,8 @@ def build_sft_asset(cfg: PivotConfig):
         the warm-up reference policy and the same-data SFT baseline."""
         wh = Warehouse(cfg.warehouse_dir)
         result = train_sft_policy(wh, cfg, context.log.info)
-        extra = {k: result[k] for k in ("n_examples", "n_held_out", "not_trained_on") if k in result}
+        extra = {k: result[k] for k in ("n_examples", "n_held_out", "n_warmup_trajectories", "not_trained_on")
+                 if k in result}
         rows = wh.read("sft_steps").to_dicts()
         return publish(wh, "sft_steps", {
             **run_metadata(result), **extra, "final_loss": rows[-1]["loss"],
@@ -136,34 +137,42 @@ def build_ablation_asset(cfg: PivotConfig, verifiers: DomainVerifiers):
         """The paper's ablation: GRPO on D_adv / D_cand / D_mixed, GRPO on D_adv with the exact-match reward and
         same-data SFT, from one init with one update budget, once per ablation seed; evaluated with the base
         model and the reference on fixed held-out sets with fresh draws: 95% intervals, paired differences."""
-        from .ablation import ablation_markdown, run_ablation
+        from .ablation import ablation_markdown, pairs_markdown, run_ablation
+        from .evaluation import PAIR_SCHEMA_FIELDS
 
         wh = Warehouse(cfg.warehouse_dir)
         result = run_ablation(wh, cfg, verifiers, context.log.info)
-        rows = result["rows"]
-        wh.write_table("ablation_results", eval_table(rows, extra=(("train_s", "float64"),)))
+        rows, primary = result["rows"], cfg.ablation.primary
+        wh.write_table("ablation_results", eval_table(rows, extra=(("train_s", "float64"), ("primary", "bool_"))))
+        wh.write_table("ablation_pairs", eval_table(result["pairs"], fields=PAIR_SCHEMA_FIELDS))
         wh.write_table("ablation_runs", pa.Table.from_pylist(result["runs"]))
         if result["steps"]:
             wh.write_table("ablation_steps", pa.Table.from_pylist(result["steps"]))
-        plot = intervals_plot(wh, rows)
-        runs = {f"{r['arm']}/s{r['seed']}": r["train_s"] for r in result["runs"]}
+        plot = intervals_plot(wh, rows, sets=(primary, *[s for s in ("adv", "profiled") if s != primary], "ood"))
+        runs = {f"{r['arm']}/s{r['seed']}": {k: r[k] for k in ("steps", "pool", "turns_trained", "tokens",
+                                                                 "useful_share", "cand_overlap_adv", "train_s")}
+                for r in result["runs"]}
         return publish(wh, "ablation_results", {
-            "table_adv": dg.MetadataValue.md(ablation_markdown(rows, "adv")),
-            "table_profiled": dg.MetadataValue.md(ablation_markdown(rows, "profiled")),
+            "primary_set": primary,
+            f"table_{primary} (primary)": dg.MetadataValue.md(ablation_markdown(rows, primary)),
+            "pairs": dg.MetadataValue.md(pairs_markdown(result["pairs"], primary)),
+            **{f"table_{s}": dg.MetadataValue.md(ablation_markdown(rows, s)) for s in ("adv", "profiled")
+               if s != primary},
             "intervals": dg.MetadataValue.md(plot), "eval_key": result["eval_key"],
-            "train_seconds": dg.MetadataValue.json(runs), "eval_s": result["eval_s"], "wall_s": result["wall_s"],
+            "runs": dg.MetadataValue.json(runs), "eval_s": result["eval_s"], "wall_s": result["wall_s"],
         }, preview=False)
 
     return ablation_results
 
 
 def intervals_plot(wh: Warehouse, rows: list[dict], name: str = "ablation_results",
-                   title: str = "ablation: accuracy with 95% bootstrap intervals") -> str:
-    """Accuracy with its 95% interval per policy, on D_adv, all profiled turns and the OOD probe (a PNG on the asset)."""
+                   title: str = "ablation: accuracy with 95% bootstrap intervals",
+                   sets: tuple[str, ...] = ("adv", "profiled", "ood")) -> str:
+    """Accuracy with its 95% interval per policy, one panel per evaluation set (a PNG on the asset)."""
     from .ablation import intervals_png
 
     series = {s: [(r["policy"], r["accuracy"], r["ci_low"], r["ci_high"]) for r in rows if r["eval_set"] == s]
-              for s in ("adv", "profiled", "ood")}
+              for s in sets}
     png = intervals_png(series, title=title)
     save_png(png, wh.root / "plots" / f"{name}.png")
     return markdown_image(png, name)

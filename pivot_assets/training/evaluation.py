@@ -4,15 +4,17 @@
 - Fixed evaluation sets, independent of the set being trained (`evaluation_sets`): every held-out profiled
   turn (`profiled`), and the held-out turns of D_mixed (`mixed`) and D_adv (`adv`) under the reference
   policy. Held out = whole source conversations (split.py), never trained on by SFT, GRPO or any arm.
-- Fresh, common draws: every policy is sampled with the evaluation seed (runs.eval_seed), a stream apart
+- Fresh, common draws: every policy is sampled with an evaluation seed (runs.eval_seed), a stream apart
   from profiling's, the same per turn for every policy, the reference included (a turn chosen because the
-  reference scored low on it regresses toward its mean on a fresh draw, for the reference too).
+  reference scored low on it regresses toward its mean on a fresh draw, for the reference too). The ablation's
+  seed s has a draw of its own: arm/s, the reference and the base model are all scored with draw s.
 - Local accuracy of a turn = mean verifier reward (the profiling verifier) over eval_k samples; a set's
-  accuracy = the mean over its turns. OOD accuracy = share of probe items answered right (greedy).
-- 95% intervals: percentile bootstrap over turns (items for OOD), `training.bootstrap` resamples; paired
-  differences against the reference resample the same turns for both policies.
-- Per-policy scores are cached under warehouse/eval_cache by (model fingerprint, eval key): a policy whose
-  model and evaluation are unchanged is never sampled again.
+  accuracy = the mean over its turns (and draws). OOD accuracy = share of probe items answered right (greedy).
+- 95% intervals: a hierarchical percentile bootstrap, `training.bootstrap` resamples: seeds (draws), then source
+  conversations, then turns within a conversation (probe items for OOD). A paired difference (against the
+  reference, or between two arms) resamples the same seeds, conversations and turns for both sides.
+- Scores are cached under warehouse/eval_cache by (model fingerprint, draw key) and (model fingerprint, probe
+  key): a policy whose model and evaluation are unchanged is never sampled again.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from pivot_assets.core.config import PolicySection
 
@@ -175,36 +177,62 @@ def held_out_pivots(wh: "Warehouse", cfg: "PivotConfig") -> list[dict]:
     return turn_rows(wh, evaluation_sets(wh, cfg)["adv"])
 
 
-# -- intervals ---------------------------------------------------------------------------------------
-def bootstrap_indices(n: int, resamples: int, seed: str) -> "np.ndarray":
-    """(resamples, n) indices drawn with replacement, fixed by (seed, n): every policy resamples the same turns."""
+# -- intervals: the hierarchical bootstrap -----------------------------------------------------------
+@dataclass(frozen=True)
+class Resamples:
+    """The draws of one hierarchical bootstrap: how often each seed (R, S) and each turn (R, T) is drawn."""
+
+    seeds: "np.ndarray"
+    units: "np.ndarray"
+
+
+def hierarchical_resamples(groups: Sequence[str], n_seeds: int, resamples: int, name: str) -> Resamples:
+    """Seeds with replacement; conversations with replacement; within each drawn conversation its turns with
+    replacement, as many as it has (a conversation drawn twice draws its turns twice).
+
+    `groups[i]` is the conversation of unit i (a turn, or an OOD item: its own group). Fixed by (name, n_seeds,
+    groups): every policy and every pair compared on one set resample the same seeds, conversations and turns.
+    """
     import numpy as np
 
-    from pivot_assets.core.ids import seeded_int
+    from pivot_assets.core.ids import canonical_json, seeded_int, short_hash
 
-    return np.random.default_rng(seeded_int("bootstrap", f"{seed}:{n}")).integers(0, n, size=(resamples, n))
+    digest = short_hash(canonical_json([name, n_seeds, list(groups)]))
+    rng = np.random.default_rng(seeded_int("bootstrap", digest))
+    seeds = rng.multinomial(n_seeds, [1.0 / n_seeds] * n_seeds, size=resamples)
+    keys = list(dict.fromkeys(groups))
+    of = np.array([{g: i for i, g in enumerate(keys)}[g] for g in groups] if keys else [], dtype=np.int64)
+    drawn = rng.multinomial(len(keys), [1.0 / len(keys)] * len(keys), size=resamples) if keys else None
+    units = np.zeros((resamples, len(groups)), dtype=np.int64)
+    for c in range(len(keys)):
+        members = np.flatnonzero(of == c)
+        units[:, members] = rng.multinomial(drawn[:, c] * len(members), [1.0 / len(members)] * len(members))
+    return Resamples(seeds, units)
 
 
-def mean_ci(values: list[float], idx) -> tuple[float | None, float | None, float | None]:
-    """(mean, 2.5th, 97.5th percentile of the bootstrap means)."""
+def resampled_mean(values, draws: Resamples) -> tuple[float | None, float | None, float | None]:
+    """(mean, 2.5th, 97.5th percentile of the resampled means) of a (seeds, units) matrix."""
     import numpy as np
 
-    if not values:
-        return None, None, None
     x = np.asarray(values, dtype=float)
-    means = x[idx].mean(axis=1)
+    if x.size == 0:
+        return None, None, None
+    means = ((draws.seeds @ x) * draws.units).sum(axis=1) / (draws.seeds.sum(axis=1) * draws.units.sum(axis=1))
     return float(x.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
 # -- scoring one policy (cached) ------------------------------------------------------------------
 @dataclass(frozen=True)
 class Policy:
-    """One row of a comparison: a name, the arm and seed it came from (None for base/reference), its model."""
+    """One row of a comparison: a name, the arm and seed it came from (None for base/reference), its model, and
+    the evaluation draws it is scored with (runs.eval_seed(cfg, draw); every policy compared on one draw shares
+    its samples' seeds)."""
 
     name: str
     model: str
     arm: str | None = None
     seed: int | None = None
+    draws: tuple[int, ...] = (0,)
 
 
 def evaluation_engine(cfg: "PivotConfig"):
@@ -212,7 +240,8 @@ def evaluation_engine(cfg: "PivotConfig"):
     return cfg.policy if cfg.policy.backend != "openai" else cfg.policy.model_copy(update={"backend": "transformers"})
 
 
-def eval_key(cfg: "PivotConfig", sets: dict[str, list[str]], verifiers, probe: list[dict]) -> str:
+def local_key(cfg: "PivotConfig", turns: list[str], verifiers, draw: int = 0) -> str:
+    """What one draw of local accuracy depends on: the turns, eval_k, verifier, sampling, engine, prompts."""
     from pivot_assets.core.hardware import resolve_dtype
     from pivot_assets.core.ids import canonical_json, short_hash
 
@@ -220,113 +249,236 @@ def eval_key(cfg: "PivotConfig", sets: dict[str, list[str]], verifiers, probe: l
 
     engine = evaluation_engine(cfg)
     return short_hash(canonical_json({
-        "turns": sorted(set().union(*sets.values())), "k": cfg.training.eval_k, "verifier": verifiers.fingerprint,
-        "max_new_tokens": cfg.training.max_completion_length, "seed": eval_seed(cfg),
+        "turns": sorted(turns), "k": cfg.training.eval_k, "verifier": verifiers.fingerprint,
+        "max_new_tokens": cfg.training.max_completion_length, "seed": eval_seed(cfg, draw),
         "sampling": [engine.temperature, engine.top_p],
         "engine": [engine.backend, resolve_dtype(engine.dtype, engine.device).dtype, engine.device],
         "format": [engine.chat_template, engine.thinking, engine.thinking_budget],  # prompts and stored completions
-        "probe": short_hash(canonical_json(probe)),
     }))
 
 
-def policy_scores(wh: "Warehouse", cfg: "PivotConfig", model: str, model_fp: str, key: str, rows: list[dict],
-                  probe: list[dict], verifiers, log) -> dict:
-    """{"turns": {turn_id: mean reward}, "ood": [0/1 per probe item], "seconds", "cached"} for one model,
-    from warehouse/eval_cache when this (model_fp, key) was scored before."""
+def ood_key(cfg: "PivotConfig", probe: list[dict]) -> str:
+    """What OOD accuracy depends on: the probe items and the engine (greedy: no seed)."""
+    from pivot_assets.core.hardware import resolve_dtype
+    from pivot_assets.core.ids import canonical_json, short_hash
+
+    engine = evaluation_engine(cfg)
+    return short_hash(canonical_json({
+        "probe": short_hash(canonical_json(probe)), "dtype": resolve_dtype(engine.dtype, engine.device).dtype,
+        "device": engine.device, "format": [engine.chat_template, engine.thinking, engine.thinking_budget]}))
+
+
+def eval_key(cfg: "PivotConfig", sets: dict[str, list[str]], verifiers, probe: list[dict],
+             draws: Iterable[int] = (0,)) -> str:
+    """The key of a whole evaluation (every draw of every set, and the probe): recorded in every row."""
+    from pivot_assets.core.ids import canonical_json, short_hash
+
+    turns = sorted(set().union(*sets.values()))
+    return short_hash(canonical_json({"local": [local_key(cfg, turns, verifiers, d) for d in sorted(set(draws))],
+                                      "ood": ood_key(cfg, probe)}))
+
+
+def policy_scores(wh: "Warehouse", cfg: "PivotConfig", model: str, model_fp: str, draws: Iterable[int],
+                  rows: list[dict], probe: list[dict], verifiers, log) -> dict:
+    """{"turns": {draw: {turn_id: mean reward}}, "ood": [0/1 per probe item], "seconds", "cached"} for one model;
+    each draw and the probe read back from warehouse/eval_cache when this model was scored with them before."""
+    from pivot_assets.core.hardware import resolve_dtype
+    from pivot_assets.policies.models import PromptFormat
+
+    from .runs import eval_seed
+
+    engine = evaluation_engine(cfg)
+    precision = resolve_dtype(engine.dtype, engine.device)
+    turn_ids = [r["turn_id"] for r in rows]
+    seconds, cached = 0.0, True
+    turns: dict[int, dict[str, float]] = {}
+    for draw in draws:
+        path = _cache_path(wh, model_fp, local_key(cfg, turn_ids, verifiers, draw))
+        if not path.exists():
+            t0, cached = time.perf_counter(), False
+            local = (local_accuracy(model, rows, verifiers, k=cfg.training.eval_k,
+                                    max_new_tokens=cfg.training.max_completion_length, seed=eval_seed(cfg, draw),
+                                    temperature=engine.temperature, top_p=engine.top_p, policy=engine)
+                     if rows else {"per_turn": []})
+            _write_scores(wh, path, [t["turn_id"] for t in local["per_turn"]],
+                          [t["reward_mean"] for t in local["per_turn"]], time.perf_counter() - t0)
+        turns[draw], spent = _read_scores(path)
+        seconds += spent
+    path = _cache_path(wh, model_fp, ood_key(cfg, probe))
+    if not path.exists():
+        t0, cached, details = time.perf_counter(), False, []
+        ood_accuracy(model, probe, seed=cfg.training.eval_seed, dtype=precision.dtype, device=engine.device,
+                     details=details, fmt=PromptFormat.from_policy(engine))
+        _write_scores(wh, path, [str(i) for i in range(len(details))],
+                      [1.0 if d["correct"] else 0.0 for d in details], time.perf_counter() - t0)
+    ood, spent = _read_scores(path)
+    return {"turns": turns, "ood": list(ood.values()), "seconds": seconds + spent, "cached": cached}
+
+
+def _write_scores(wh: "Warehouse", path: Path, ids: list[str], scores: list[float], seconds: float) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pivot_assets.core.hardware import resolve_dtype
-
-    from .ood_probe import ood_accuracy
-    from .runs import eval_seed
-
-    path = _cache_path(wh, model_fp, key)
-    if path.exists():
-        t = pq.read_table(path).to_pydict()
-        turns = {i: s for kind, i, s in zip(t["kind"], t["id"], t["score"]) if kind == "turn"}
-        ood = [s for kind, s in zip(t["kind"], t["score"]) if kind == "ood"]
-        return {"turns": turns, "ood": ood, "seconds": t["seconds"][0] if t["seconds"] else 0.0, "cached": True}
-    engine = evaluation_engine(cfg)
-    precision = resolve_dtype(engine.dtype, engine.device)
-    t0 = time.perf_counter()
-    local = (local_accuracy(model, rows, verifiers, k=cfg.training.eval_k,
-                            max_new_tokens=cfg.training.max_completion_length, seed=eval_seed(cfg),
-                            temperature=engine.temperature, top_p=engine.top_p, policy=engine)
-             if rows else {"per_turn": []})
-    details: list = []
-    from pivot_assets.policies.models import PromptFormat
-
-    ood_accuracy(model, probe, seed=cfg.training.eval_seed, dtype=precision.dtype, device=engine.device,
-                 details=details, fmt=PromptFormat.from_policy(engine))
-    turns = {t["turn_id"]: t["reward_mean"] for t in local["per_turn"]}
-    ood = [1.0 if d["correct"] else 0.0 for d in details]
-    seconds = time.perf_counter() - t0
-    ids = list(turns) + [str(i) for i in range(len(ood))]
-    table = pa.table({"kind": ["turn"] * len(turns) + ["ood"] * len(ood), "id": ids,
-                      "score": list(turns.values()) + ood, "seconds": [seconds] * len(ids)})
+    table = pa.table({"id": pa.array(ids, pa.string()), "score": pa.array(scores, pa.float64()),
+                      "seconds": pa.array([seconds] * len(ids), pa.float64())})
     with wh.atomic_path(path) as tmp:
         pq.write_table(table, tmp)
-    return {"turns": turns, "ood": ood, "seconds": seconds, "cached": False}
+
+
+def _read_scores(path: Path) -> tuple[dict[str, float], float]:
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(path).to_pydict()
+    return dict(zip(t["id"], t["score"])), (t["seconds"][0] if t["seconds"] else 0.0)
+
+
+# -- comparisons ----------------------------------------------------------------------------------
+def _matrix(scores: dict, ids: list[str] | None, draws: tuple[int, ...]) -> list[list[float]] | None:
+    """(draws x units) scores of one entry on a set (ids) or the probe (ids None); None when a draw is missing."""
+    if any(d not in scores["turns"] for d in draws) and ids is not None:
+        return None
+    if ids is None:
+        by_draw = scores.get("ood_by_draw")
+        return [list(by_draw[d] if by_draw else scores["ood"]) for d in draws]
+    return [[scores["turns"][d][t] for t in ids] for d in draws]
+
+
+def _units(sets: dict[str, list[str]], name: str, groups: dict[str, str], probe_n: int) -> tuple[list | None, list]:
+    """(turn ids or None for the probe, the conversation of every unit) of an evaluation set."""
+    if name == OOD_SET:
+        return None, [f"ood:{i}" for i in range(probe_n)]
+    ids = sets.get(name, [])
+    return ids, [groups.get(t, t) for t in ids]
+
+
+def pooled_entries(policies: list[tuple[Policy, dict]], pooled: dict[str, list[str]]) -> list[tuple[Policy, dict]]:
+    """One entry per arm over its seeds: seed s's model scored with draw s, its probe answers kept per draw."""
+    by_name = {p.name: (p, s) for p, s in policies}
+    out = []
+    for arm, names in pooled.items():
+        members = [by_name[n] for n in names if n in by_name]
+        if not members:
+            continue
+        draws = tuple(d for p, _ in members for d in p.draws)
+        scores = {"turns": {d: s["turns"][d] for p, s in members for d in p.draws},
+                  "ood_by_draw": {d: s["ood"] for p, s in members for d in p.draws},
+                  "seconds": sum(s["seconds"] for _, s in members), "model_fp": None}
+        out.append((Policy(arm, "", arm, None, draws), scores))
+    return out
 
 
 def compare(cfg: "PivotConfig", policies: list[tuple[Policy, dict]], sets: dict[str, list[str]], key: str,
-            reference: str = "reference", pooled: dict[str, list[str]] | None = None) -> list[dict]:
-    """Long rows, one per (policy, evaluation set): accuracy with its 95% bootstrap interval and the paired
-    difference against `reference` with its interval. `pooled`: {arm: [policy names]} adds one row per arm and
-    set whose per-turn score is the mean over the arm's seeds (seed = null)."""
+            reference: str = "reference", pooled: dict[str, list[str]] | None = None,
+            groups: dict[str, str] | None = None) -> list[dict]:
+    """Long rows, one per (policy, evaluation set): accuracy with its 95% interval and the paired difference
+    against `reference` scored on the same draws, with its interval, both from the hierarchical bootstrap (seeds,
+    then conversations (`groups`: {turn_id: conversation}; default: every turn its own), then turns).
+    `pooled`: {arm: [policy names]} adds one row per arm and set over all its seeds (seed = null), when it has
+    several."""
     from pivot_assets.core.hardware import resolve_dtype
 
     engine = evaluation_engine(cfg)
     precision = resolve_dtype(engine.dtype, engine.device)
-    by_name = {p.name: (p, s) for p, s in policies}
-    entries = list(policies)
-    for arm, names in (pooled or {}).items():
-        members = [by_name[n][1] for n in names if n in by_name]
-        if len(members) < 2:
-            continue
-        turns = {t: sum(m["turns"][t] for m in members) / len(members) for t in members[0]["turns"]}
-        ood = [sum(vals) / len(members) for vals in zip(*(m["ood"] for m in members))]
-        entries.append((Policy(arm, "", arm, None), {"turns": turns, "ood": ood,
-                                                     "seconds": sum(m["seconds"] for m in members)}))
-    ref = by_name.get(reference, (None, None))[1]
+    several = {arm: names for arm, names in (pooled or {}).items() if len(names) >= 2}
+    entries = list(policies) + pooled_entries(policies, several)
+    ref = next((s for p, s in policies if p.name == reference), None)
+    probe_n = len(policies[0][1]["ood"]) if policies else 0
     rows = []
     for name in (*EVAL_SETS, OOD_SET):
-        ids = sets.get(name, []) if name != OOD_SET else None
-        n = len(ids) if ids is not None else len(entries[0][1]["ood"]) if entries else 0
-        idx = bootstrap_indices(n, cfg.training.bootstrap, name) if n else None
+        ids, units = _units(sets, name, groups or {}, probe_n)
         for policy, scores in entries:
-            values = [scores["turns"][t] for t in ids] if ids is not None else list(scores["ood"])
-            acc, low, high = mean_ci(values, idx) if n else (None, None, None)
-            delta = (None, None, None)
-            if ref is not None and n:
-                base = [ref["turns"][t] for t in ids] if ids is not None else list(ref["ood"])
-                delta = mean_ci([a - b for a, b in zip(values, base)], idx)
-            rows.append({"policy": policy.name, "arm": policy.arm, "seed": policy.seed, "model_fp": scores.get("model_fp"),
-                         "eval_key": key, "eval_set": name, "n": n, "k": cfg.training.eval_k if ids is not None else 1,
-                         "accuracy": acc, "ci_low": low, "ci_high": high, "delta": delta[0], "delta_low": delta[1],
-                         "delta_high": delta[2], "backend": engine.backend, "dtype": precision.dtype,
-                         "device": engine.device, "seconds": round(float(scores.get("seconds") or 0.0), 1)})
+            values = _matrix(scores, ids, policy.draws)
+            draws = hierarchical_resamples(units, len(policy.draws), cfg.training.bootstrap, name)
+            acc = resampled_mean(values, draws) if values and units else (None, None, None)
+            base = _matrix(ref, ids, policy.draws) if ref is not None else None
+            delta = (resampled_mean([[a - b for a, b in zip(x, y)] for x, y in zip(values, base)], draws)
+                     if values and base and units else (None, None, None))
+            rows.append({"policy": policy.name, "arm": policy.arm, "seed": policy.seed,
+                         "model_fp": scores.get("model_fp"), "eval_key": key, "eval_set": name, "n": len(units),
+                         "n_conversations": len(set(units)),
+                         "n_seeds": len(policy.draws), "k": cfg.training.eval_k if ids is not None else 1,
+                         "accuracy": acc[0], "ci_low": acc[1], "ci_high": acc[2], "delta": delta[0],
+                         "delta_low": delta[1], "delta_high": delta[2], "backend": engine.backend,
+                         "dtype": precision.dtype, "device": engine.device,
+                         "seconds": round(float(scores.get("seconds") or 0.0), 1)})
+    return rows
+
+
+def pair_rows(cfg: "PivotConfig", policies: list[tuple[Policy, dict]], sets: dict[str, list[str]], key: str,
+              pooled: dict[str, list[str]], pairs: Iterable[tuple[str, str]], groups: dict[str, str],
+              primary: str | None = None) -> list[dict]:
+    """Paired differences between arms (a - b), pooled over the seeds both have: seed s of a against seed s of b
+    on the same draws, the same resampled seeds, conversations and turns for both sides."""
+    arms = dict((p.arm, (p, s)) for p, s in pooled_entries(policies, pooled))
+    probe_n = len(policies[0][1]["ood"]) if policies else 0
+    rows = []
+    for a, b in pairs:
+        if a not in arms or b not in arms:
+            continue
+        (pa_, sa), (pb, sb) = arms[a], arms[b]
+        common = tuple(d for d in pa_.draws if d in pb.draws)
+        for name in (*EVAL_SETS, OOD_SET):
+            ids, units = _units(sets, name, groups, probe_n)
+            va, vb = _matrix(sa, ids, common), _matrix(sb, ids, common)
+            if not (units and common and va and vb):
+                delta = (None, None, None)
+            else:
+                draws = hierarchical_resamples(units, len(common), cfg.training.bootstrap, name)
+                delta = resampled_mean([[x - y for x, y in zip(ra, rb)] for ra, rb in zip(va, vb)], draws)
+            excludes = None if delta[1] is None else bool(delta[1] > 0 or delta[2] < 0)
+            rows.append({"eval_set": name, "arm_a": a, "arm_b": b, "eval_key": key, "n_seeds": len(common),
+                         "n": len(units), "n_conversations": len(set(units)), "delta": delta[0],
+                         "delta_low": delta[1], "delta_high": delta[2], "excludes_zero": excludes,
+                         "primary": name == primary})
     return rows
 
 
 EVAL_SCHEMA_FIELDS = (("policy", "string"), ("arm", "string"), ("seed", "int64"), ("model_fp", "string"),
-                      ("eval_key", "string"), ("eval_set", "string"), ("n", "int64"), ("k", "int64"),
-                      ("accuracy", "float64"), ("ci_low", "float64"), ("ci_high", "float64"), ("delta", "float64"),
-                      ("delta_low", "float64"), ("delta_high", "float64"), ("backend", "string"),
-                      ("dtype", "string"), ("device", "string"), ("seconds", "float64"))
+                      ("eval_key", "string"), ("eval_set", "string"), ("n", "int64"), ("n_conversations", "int64"),
+                      ("n_seeds", "int64"), ("k", "int64"), ("accuracy", "float64"), ("ci_low", "float64"),
+                      ("ci_high", "float64"), ("delta", "float64"), ("delta_low", "float64"),
+                      ("delta_high", "float64"), ("backend", "string"), ("dtype", "string"), ("device", "string"),
+                      ("seconds", "float64"))
+PAIR_SCHEMA_FIELDS = (("eval_set", "string"), ("arm_a", "string"), ("arm_b", "string"), ("eval_key", "string"),
+                      ("n_seeds", "int64"), ("n", "int64"), ("n_conversations", "int64"), ("delta", "float64"),
+                      ("delta_low", "float64"), ("delta_high", "float64"), ("excludes_zero", "bool_"),
+                      ("primary", "bool_"))
 
 
-def eval_table(rows: list[dict], extra: tuple = ()):
+def eval_table(rows: list[dict], extra: tuple = (), fields: tuple = EVAL_SCHEMA_FIELDS):
     import pyarrow as pa
 
-    schema = pa.schema([(n, getattr(pa, t)()) for n, t in (*EVAL_SCHEMA_FIELDS, *extra)])
+    schema = pa.schema([(n, getattr(pa, t)()) for n, t in (*fields, *extra)])
     return pa.Table.from_pylist(rows, schema=schema)
 
 
+def turn_conversations(wh: "Warehouse", turn_ids: Iterable[str]) -> dict[str, str]:
+    """{turn_id: source-conversation key}: the bootstrap's middle level."""
+    import polars as pl
+
+    from pivot_assets.core.split import trajectory_groups
+
+    wanted = sorted(set(turn_ids))
+    if not wanted:
+        return {}
+    groups = trajectory_groups(wh)
+    turns = wh.read("turns", ["turn_id", "trajectory_id"]).filter(pl.col("turn_id").is_in(wanted))
+    return {t: groups.get(j, j) for t, j in zip(turns["turn_id"].to_list(), turns["trajectory_id"].to_list())}
+
+
+@dataclass
+class Scored:
+    """score_policies' result: every policy with its scores, the sets, the evaluation key, the conversations."""
+
+    policies: list[tuple[Policy, dict]]
+    sets: dict[str, list[str]]
+    key: str
+    groups: dict[str, str]
+
+
 def score_policies(wh: "Warehouse", cfg: "PivotConfig", verifiers, policies: list[Policy], log,
-                   unit: str = "policies evaluated") -> tuple[list[tuple[Policy, dict]], dict, str]:
-    """Score every policy on the fixed sets and the probe (cached per model); returns (scored, sets, eval key)."""
+                   unit: str = "policies evaluated") -> Scored:
+    """Score every policy on the fixed sets (each of its draws) and the probe, cached per model."""
     from pivot_assets.core.hardware import configure_torch
     from pivot_assets.core.progress import Progress
 
@@ -337,47 +489,58 @@ def score_policies(wh: "Warehouse", cfg: "PivotConfig", verifiers, policies: lis
     sets = evaluation_sets(wh, cfg)
     rows = turn_rows(wh, set().union(*sets.values()))
     probe = probe_items(cfg.training.ood_probe, cfg.training.ood_max_items)
-    key = eval_key(cfg, sets, verifiers, probe)
-    log(f"evaluation sets (held out): " + ", ".join(f"{k} {len(v)} turns" for k, v in sets.items())
-        + f"; OOD probe {len(probe)} items; eval key {key}")
-    by_fp = _score_in_workers(wh, cfg, policies, key, rows, probe, log)
-    progress = Progress(total=len(policies), unit=unit, log=log, every_s=0)
-    scored = []
-    for policy in policies:
-        model_fp = model_fingerprint(policy.model, cfg)
-        if model_fp not in by_fp:
-            by_fp[model_fp] = policy_scores(wh, cfg, policy.model, model_fp, key, rows, probe, verifiers, log)
-        scores = {**by_fp[model_fp], "model_fp": model_fp}
-        scored.append((policy, scores))
-        local = [scores["turns"][t] for t in sets["adv"]]
-        progress.update(1, f"{policy.name}{' (cached)' if scores['cached'] else ''}: adv "
-                           f"{fmt_accuracy(sum(local) / len(local) if local else None)} on {len(local)} turns, "
-                           f"ood {fmt_accuracy(sum(scores['ood']) / len(scores['ood']) if scores['ood'] else None)}")
-    return scored, sets, key
+    draws = sorted({d for p in policies for d in p.draws})
+    key = eval_key(cfg, sets, verifiers, probe, draws)
+    log("evaluation sets (held out): " + ", ".join(f"{k} {len(v)} turns" for k, v in sets.items())
+        + f"; OOD probe {len(probe)} items; draws {draws}; eval key {key}")
+    wanted = _draws_by_model(cfg, policies)
+    by_fp = _score_in_workers(wh, cfg, wanted, rows, probe, verifiers, log)
+    progress = Progress(total=len(wanted), unit=unit, log=log, every_s=0)
+    adv = set(sets["adv"])
+    for fp, (model, model_draws) in wanted.items():
+        if fp not in by_fp:
+            by_fp[fp] = policy_scores(wh, cfg, model, fp, model_draws, rows, probe, verifiers, log)
+        scores = by_fp[fp]
+        local = [v for d in model_draws for t, v in scores["turns"][d].items() if t in adv]
+        ood = sum(scores["ood"]) / len(scores["ood"]) if scores["ood"] else None
+        progress.update(1, f"{Path(model).name if '/' in model else model}{' (cached)' if scores['cached'] else ''}: "
+                           f"adv {fmt_accuracy(sum(local) / len(local) if local else None)} over {len(model_draws)} "
+                           f"draw(s), ood {fmt_accuracy(ood)}")
+    scored = [(p, {**by_fp[model_fingerprint(p.model, cfg)], "model_fp": model_fingerprint(p.model, cfg)})
+              for p in policies]
+    return Scored(scored, sets, key, turn_conversations(wh, set().union(*sets.values())))
 
 
-def _score_in_workers(wh: "Warehouse", cfg: "PivotConfig", policies: list[Policy], key: str, rows: list[dict],
-                      probe: list[dict], log) -> dict[str, dict]:
-    """Score the models not yet in the evaluation cache, several at once (runtime.workers); {model_fp: scores}.
-    With one worker this does nothing: score_policies scores them in turn."""
-    from pivot_assets.core.parallel import EVAL_MEMORY_GIB, resolve_workers, run_jobs
-
+def _draws_by_model(cfg: "PivotConfig", policies: list[Policy]) -> dict[str, tuple[str, list[int]]]:
+    """{model fingerprint: (model, every draw any policy of that model is scored with)}."""
     from .runs import model_fingerprint
 
-    todo: dict[str, str] = {}
-    for policy in policies:
-        fp = model_fingerprint(policy.model, cfg)
-        if fp not in todo and not _cache_path(wh, fp, key).exists():
-            todo[fp] = policy.model
+    wanted: dict[str, tuple[str, list[int]]] = {}
+    for p in policies:
+        model, draws = wanted.setdefault(model_fingerprint(p.model, cfg), (p.model, []))
+        draws.extend(d for d in p.draws if d not in draws)
+    return wanted
+
+
+def _score_in_workers(wh: "Warehouse", cfg: "PivotConfig", wanted: dict[str, tuple[str, list[int]]],
+                      rows: list[dict], probe: list[dict], verifiers, log) -> dict[str, dict]:
+    """Score the models with a draw or the probe not yet in the evaluation cache, several at once
+    (runtime.workers); {model_fp: scores}. With one worker this does nothing: score_policies scores them in turn."""
+    from pivot_assets.core.parallel import EVAL_MEMORY_GIB, resolve_workers, run_jobs
+
+    turn_ids = [r["turn_id"] for r in rows]
+    todo = {fp: spec for fp, spec in wanted.items()
+            if not _cache_path(wh, fp, ood_key(cfg, probe)).exists()
+            or any(not _cache_path(wh, fp, local_key(cfg, turn_ids, verifiers, d)).exists() for d in spec[1])}
     workers = resolve_workers(cfg.runtime.workers, cfg.runtime.threads, len(todo), EVAL_MEMORY_GIB)
     if workers <= 1:
         return {}
     log(f"evaluation: {len(todo)} models to score, {workers} at a time in worker processes (runtime.workers)")
-    jobs = [(str(wh.root), cfg, model, fp, key, rows, probe) for fp, model in todo.items()]
+    jobs = [(str(wh.root), cfg, model, fp, draws, rows, probe) for fp, (model, draws) in todo.items()]
     return dict(zip(todo, run_jobs(_policy_scores_job, jobs, workers)))
 
 
-def _policy_scores_job(root: str, cfg: "PivotConfig", model: str, model_fp: str, key: str, rows: list[dict],
+def _policy_scores_job(root: str, cfg: "PivotConfig", model: str, model_fp: str, draws: list[int], rows: list[dict],
                        probe: list[dict]) -> dict:
     """policy_scores in a worker process (the evaluation verifier is the profiling verifier)."""
     import sys
@@ -388,7 +551,7 @@ def _policy_scores_job(root: str, cfg: "PivotConfig", model: str, model_fp: str,
 
     configure_torch(cfg.runtime.threads)
     name = Path(model).name if "/" in model else model
-    return policy_scores(Warehouse(root), cfg, model, model_fp, key, rows, probe, DomainVerifiers(cfg.verifier),
+    return policy_scores(Warehouse(root), cfg, model, model_fp, draws, rows, probe, DomainVerifiers(cfg.verifier),
                          lambda m: print(f"[evaluation {name}] {m}", file=sys.stderr, flush=True))
 
 
@@ -419,9 +582,9 @@ def evaluate_policies(wh: "Warehouse", cfg: "PivotConfig", verifiers, log) -> li
     reference) for the base model, the reference, the SFT warm-up and the GRPO policy, sampled with the
     configured engine; policies whose model and evaluation are unchanged are read back, not sampled."""
     policies = [Policy(name, model) for name, model in evaluation_policies(wh, cfg)]
-    scored, sets, key = score_policies(wh, cfg, verifiers, policies, log)
+    scored = score_policies(wh, cfg, verifiers, policies, log)
     reference = "reference" if any(p.name == "reference" for p in policies) else "base"
-    return compare(cfg, scored, sets, key, reference=reference)
+    return compare(cfg, scored.policies, scored.sets, scored.key, reference=reference, groups=scored.groups)
 
 
 def fmt_accuracy(v) -> str:

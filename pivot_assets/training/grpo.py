@@ -16,8 +16,12 @@ completions TRL passes to the reward are then plain strings (conversational ones
 CPU smoke config (what `make demo` and the tests use; a few minutes on 2 cores)::
 
     training: {steps: 4, num_generations: 4, max_completion_length: 48, learning_rate: 1.0e-6}
-    run_grpo(..., cpu_smoke=True)   # use_cpu, caps: steps<=8, k<=4, completion<=48; bf16 autocast only
-                                    # where training.dtype resolves to bfloat16 (core/hardware.py)
+    run_grpo(..., cpu_smoke=True)   # use_cpu, caps: steps<=8, k<=4, completion<=48
+
+Precision: the weights the optimizer updates are always fp32 (the master weights); where training.dtype resolves
+to bfloat16 (core/hardware.py) the forward and backward run under bf16 autocast (GRPOConfig bf16=True), on a GPU
+and a CPU alike. Weights stored in bf16 would round most AdamW updates at lr 1e-6 away (8 mantissa bits: an
+update below ~0.2% of a weight is lost), so a bf16 run would log training and barely move the policy.
 
 GPU config (one GPU; vLLM generates, the trainer trains; `pip install -e .[gpu]`)::
 
@@ -26,7 +30,7 @@ GPU config (one GPU; vLLM generates, the trainer trains; `pip install -e .[gpu]`
       num_generations: 8
       learning_rate: 1.0e-6
       max_completion_length: 256
-      dtype: auto                      # bf16 on a GPU that has it: the weights are LOADED in bf16 there
+      dtype: auto                      # bf16 autocast on a GPU that has it, over fp32 master weights
       grpo:
         use_vllm: true
         vllm_mode: colocate            # vLLM shares the training GPU; sleep mode frees it during backprop
@@ -58,7 +62,8 @@ from pivot_assets.core.hardware import configure_torch
 from pivot_assets.core.shapes import as_canonical_messages
 
 if TYPE_CHECKING:
-    from pivot_assets.core.config import TrainingSection
+    from pivot_assets.core.config import PivotConfig, TrainingSection
+    from pivot_assets.core.warehouse import Warehouse
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +77,14 @@ class GRPOResult:
     steps: list[dict]  # one row per optimizer step (see _step_rows)
     completions_log: list[dict]  # every completion the trainer scored: step, turn_id, completion, reward, reason
     verifier_fingerprints: dict[str, str]  # domain -> verifier fingerprint used for the rewards
-    n_train_prompts: int
+    n_train_prompts: int  # distinct prompts (turns) in the training data
     held_out_trajectories: list[str]
     grpo_config: dict  # the GRPOConfig keyword arguments actually used
+
+    @property
+    def turns_trained(self) -> set[str]:
+        """The distinct turns the trainer sampled and rewarded (from the completions log)."""
+        return {r["turn_id"] for r in self.completions_log if r.get("turn_id") is not None}
 
 
 # -- the reward -----------------------------------------------------------------------------------
@@ -189,6 +199,31 @@ def _grpo_config_kwargs(options: "TrainingSection", output_dir: str, *, cpu_smok
 
 # -- the dataset ----------------------------------------------------------------------------------
 
+MASTER_DTYPE = "float32"  # the dtype of the weights AdamW updates, whatever the compute dtype (module docstring)
+
+
+def prompts_per_generation(kwargs: dict) -> int:
+    """Distinct prompts TRL samples per generation round (its RepeatSampler's chunk): per_device_train_batch_size x
+    steps_per_generation (default gradient_accumulation_steps) completions / num_generations."""
+    steps = kwargs.get("steps_per_generation") or kwargs.get("gradient_accumulation_steps", 1)
+    return max(1, kwargs["per_device_train_batch_size"] * steps // kwargs["num_generations"])
+
+
+def pad_to_multiple(dataset, multiple: int, seed: int):
+    """The dataset with seeded repeats of its own rows appended up to a multiple of `multiple` rows: TRL's
+    sampler drops the incomplete last chunk of each pass, so without this some turns would never be trained on."""
+    import random
+
+    extra = -len(dataset) % multiple
+    if not extra:
+        return dataset
+    from datasets import concatenate_datasets
+
+    rows = random.Random(seed).sample(range(len(dataset)), extra) if extra <= len(dataset) else \
+        [i % len(dataset) for i in range(extra)]
+    return concatenate_datasets([dataset, dataset.select(rows)])
+
+
 _REWARD_COLUMNS = ("expert_action", "tools", "domain", "turn_id", "trajectory_id", "state")
 
 
@@ -244,6 +279,7 @@ _STEP_KEYS = {  # grpo_steps column -> TRL log_history key
     "entropy": "entropy",
     "grad_norm": "grad_norm",
     "learning_rate": "learning_rate",
+    "num_tokens": "num_tokens",  # prompt + completion tokens seen so far (TRL: state.num_input_tokens_seen)
     "completion_mean_length": "completions/mean_length",
     "completion_clipped_ratio": "completions/clipped_ratio",
 }
@@ -286,16 +322,19 @@ class _StepTimer:
 def run_grpo(model_dir: str, train_dataset, domain_verifiers, options: "TrainingSection",
              out_dir: str | os.PathLike, *, cpu_smoke: bool, precision: Precision,
              on_step: Callable[[dict], None] | None = None, threads: int | str = "auto",
-             held_out: set[str] | None = None, device: str = "cpu", fmt=None) -> GRPOResult:
+             held_out: set[str] | None = None, device: str = "cpu", fmt=None,
+             full_passes: bool = False) -> GRPOResult:
     """Train with TRL's GRPOTrainer on the pivot export; save the final model (HF dir) to out_dir.
 
     `train_dataset` is the pivot HF export (columns prompt, tools, expert_action, turn_id,
     trajectory_id, domain, ...); rows of held-out trajectories are removed here, so callers may pass the whole
     export. `held_out`: the warehouse's split (split.held_out_trajectories: whole source conversations); None:
     each trajectory its own group (split_by_trajectory with options.eval_fraction and options.seed).
-    `device` / `fmt`: the policy's device and prompt format (policies.models.PromptFormat). On a CUDA device
-    with bf16 the weights are loaded in bf16 (weights, gradients and AdamW state at 2 bytes each: the README's
-    GPU recipe); on CPU they stay fp32 with bf16 autocast only where native.
+    `device` / `fmt`: the policy's device and prompt format (policies.models.PromptFormat). The weights are fp32
+    (master weights, fp32 gradients and AdamW state) with bf16 autocast where `precision` says bfloat16: see the
+    module docstring. `full_passes`: pad the prompts with seeded repeats to a multiple of the prompts one
+    generation takes, since TRL's sampler drops an incomplete last chunk of each pass: then every pass over the
+    data trains on every turn.
     """
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -310,13 +349,14 @@ def run_grpo(model_dir: str, train_dataset, domain_verifiers, options: "Training
     held_out = set(held_out) & set(train_dataset["trajectory_id"])
     configure_torch(threads)
     on_gpu = str(device).startswith("cuda") and not cpu_smoke
-    weights = "bfloat16" if on_gpu and precision.bf16 else "float32"
-    model, tokenizer = load_model(model_dir, dtype=weights, device=device if on_gpu else "cpu",
+    model, tokenizer = load_model(model_dir, dtype=MASTER_DTYPE, device=device if on_gpu else "cpu",
                                   fmt=fmt or PromptFormat())
     dataset = _text_prompt_dataset(train_dataset, tokenizer, held_out)
     out = Path(out_dir)
     work_dir = out.parent / f".{out.name}.trainer-{os.getpid()}"
     kwargs = _grpo_config_kwargs(options, str(work_dir), cpu_smoke=cpu_smoke, precision=precision)
+    if full_passes:
+        dataset = pad_to_multiple(dataset, prompts_per_generation(kwargs), options.seed)
     reward = make_verifier_reward(domain_verifiers, tokenizer)
     timer = type("StepTimer", (_StepTimer, TrainerCallback), {})(on_step)
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=GRPOConfig(**kwargs),
@@ -331,7 +371,7 @@ def run_grpo(model_dir: str, train_dataset, domain_verifiers, options: "Training
         row["seconds"] = timer.seconds.get(row["step"])
     fingerprints = {str(d): domain_verifiers.for_domain(d).fingerprint for d in sorted(set(dataset["domain"]), key=str)}
     return GRPOResult(model_dir=str(out), steps=steps, completions_log=reward.completions_log,
-                      verifier_fingerprints=fingerprints, n_train_prompts=len(dataset),
+                      verifier_fingerprints=fingerprints, n_train_prompts=len(set(dataset["turn_id"])),
                       held_out_trajectories=sorted(held_out), grpo_config=kwargs)
 
 
@@ -354,7 +394,7 @@ def run_local_grpo(wh: "Warehouse", cfg: "PivotConfig", verifiers, log: Callable
 
     from pivot_assets.verifiers import DomainVerifiers
 
-    from .split import held_out_trajectories
+    from .split import not_in_pool
 
     if cfg.training.reward_verifier is not None:  # a training reward apart from the profiling verifier
         verifiers = DomainVerifiers(cfg.training.reward_verifier)
@@ -379,7 +419,7 @@ def run_local_grpo(wh: "Warehouse", cfg: "PivotConfig", verifiers, log: Callable
         progress.update(1, metrics)
 
     t0 = time.perf_counter()
-    held_out = held_out_trajectories(wh, cfg.training.eval_fraction, cfg.training.seed)
+    held_out = not_in_pool(wh, cfg)  # held out and warm-up conversations
     from pivot_assets.policies.models import PromptFormat
 
     run = run_grpo(init_model(wh, cfg), dataset, verifiers, cfg.training, out, cpu_smoke=cpu_smoke,

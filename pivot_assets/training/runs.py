@@ -3,6 +3,7 @@ depends on, and the completion marker that lets a rerun with the same key skip t
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from pivot_assets.core.catalog import SET_TABLES
@@ -53,24 +54,28 @@ EVAL_ONLY = ("eval_k", "eval_seed", "eval_max_turns", "bootstrap", "ood_probe", 
 EVAL_SEED_NAMESPACE = "pivot-eval"
 
 
-def eval_seed(cfg: PivotConfig) -> int:
-    """The sampling seed of every evaluation: seeded_int("pivot-eval", training.eval_seed).
+def eval_seed(cfg: PivotConfig, draw: int = 0) -> int:
+    """The sampling seed of an evaluation: seeded_int("pivot-eval", training.eval_seed), and for the ablation's
+    seed `draw` != 0 a stream of its own (ablation seed 0 and pivot_eval share their draws).
 
     Backends seed each turn's generator with seeded_int(seed, turn_id), so evaluation draws are a stream
-    apart from profiling's (seed = policy.seed, a small integer) and the same for every policy evaluated:
-    a turn picked because the reference scored low on it is re-drawn fresh, for the reference too.
+    apart from profiling's (seed = policy.seed, a small integer) and the same for every policy evaluated
+    with one draw: a turn picked because the reference scored low on it is re-drawn fresh, for the reference too.
     """
-    seed = seeded_int(EVAL_SEED_NAMESPACE, str(cfg.training.eval_seed))
+    name = str(cfg.training.eval_seed) if draw == 0 else f"{cfg.training.eval_seed}:seed{draw}"
+    seed = seeded_int(EVAL_SEED_NAMESPACE, name)
     if seed == cfg.policy.seed:  # astronomically unlikely; never reuse profiling's draws
-        seed = seeded_int(EVAL_SEED_NAMESPACE, f"{cfg.training.eval_seed}+1")
+        seed = seeded_int(EVAL_SEED_NAMESPACE, f"{name}+1")
     return seed
 
 
 def sft_identity(cfg: PivotConfig) -> dict:
     """What the SFT model depends on in the config (the code version of sft_policy): the dtype as resolved on
     the device SFT runs on (policy.device)."""
+    from pivot_assets.core.split import ConversationSplit
+
     return {"sft": {**cfg.sft.model_dump(), "dtype": resolve_dtype(cfg.sft.dtype, cfg.policy.device).dtype},
-            "split": [cfg.training.eval_fraction, cfg.training.seed]}
+            "split": ConversationSplit.from_config(cfg).identity}
 
 
 def model_fingerprint(model: str, cfg: PivotConfig) -> str:
@@ -101,12 +106,12 @@ def has_cuda() -> bool:
 
 
 def grpo_key(wh: Warehouse, cfg: PivotConfig, verifier_fp: str) -> str:
-    from .split import split_fingerprint
+    from .split import config_split, split_fingerprint
 
     return short_hash(canonical_json({
         "training": training_identity(cfg), "pivots": wh.data_version(SET_TABLES[cfg.training.set]),
         "init": model_fingerprint(init_model(wh, cfg), cfg), "verifier": verifier_fp, "cpu_smoke": not has_cuda(),
-        "split": split_fingerprint(wh, cfg.training.eval_fraction, cfg.training.seed),
+        "split": split_fingerprint(wh, config_split(cfg)),
     }))
 
 
@@ -120,28 +125,51 @@ ARM_SPECS = {  # arm -> (trainer, pivot set, reward): the paper's ablation rows
 }
 
 
+ARM_UNUSED = ("steps", "set")  # keys of training: / sft: the ablation's arms never read (their steps: pool size)
+
+
 def arm_dir(arm: str, seed: int) -> str:
     """models/<this>: one folder per (arm, seed), so no arm or seed ever overwrites another."""
     return f"ablation_{arm}_s{int(seed)}"
 
 
-def ablation_steps(cfg: PivotConfig) -> int:
-    """The update budget of every arm: ablation.steps or training.steps, with the CPU GRPO cap applied to all
-    arms alike (the same number of optimizer steps for SFT and GRPO)."""
-    steps = (cfg.ablation.steps if cfg.ablation and cfg.ablation.steps else None) or cfg.training.steps
-    return min(steps, CPU_SMOKE_CAPS["steps"]) if not has_cuda() else steps
+def prompts_per_step(cfg: PivotConfig, trainer: str) -> int:
+    """Distinct turns one optimizer step trains on: the SFT batch, or the GRPO prompt groups of one generation
+    (per_device_train_batch_size x gradient_accumulation_steps completions / num_generations, TRL's defaults)."""
+    if trainer == "sft":
+        return cfg.sft.batch_size
+    grpo = cfg.training.grpo or {}
+    k = cfg.training.num_generations
+    rows = int(grpo.get("per_device_train_batch_size", k)) * int(grpo.get("gradient_accumulation_steps", 1))
+    if rows % k:
+        raise ValueError(f"training.grpo: per_device_train_batch_size x gradient_accumulation_steps ({rows}) must be "
+                         f"a multiple of num_generations ({k})")
+    return rows // k
 
 
-def arm_key(wh: Warehouse, cfg: PivotConfig, arm: str, seed: int, verifier_fp: str | None) -> str:
-    """Everything one arm's model depends on: arm, seed, budget, its pivot set's data, init, reward, split."""
-    from .split import split_fingerprint
+def steps_for_pool(pool: int, per_step: int, epochs: float) -> int:
+    """Optimizer steps for `epochs` passes over a pool of `pool` distinct turns, `per_step` turns a step: one pass
+    is ceil(pool / per_step) steps (the last batch of a pass may be padded), never fewer than one."""
+    if pool < 1:
+        raise ValueError("steps_for_pool: an empty pool")
+    return max(1, math.ceil(epochs * math.ceil(pool / per_step)))
+
+
+def arm_key(wh: Warehouse, cfg: PivotConfig, arm: str, seed: int, verifier_fp: str | None,
+            pool: list[str] | None = None) -> str:
+    """Everything one arm's model depends on: arm, seed, its section and passes over the pool, the pool's turns
+    (for D_cand, the seed's own draw) and their pivot set's data, init, reward, split. Evaluation-only keys
+    (training.EVAL_ONLY, ablation.primary) are not in it."""
+    from .split import config_split, split_fingerprint
 
     trainer, pivot_set, _ = ARM_SPECS[arm]
-    section = training_identity(cfg) if trainer == "grpo" else sft_identity(cfg)
+    section = training_identity(cfg) if trainer == "grpo" else sft_identity(cfg)["sft"]
+    # what the arms never read: their steps come from their pools, and training.set is grpo_run's
+    section = {k: v for k, v in section.items() if k not in ARM_UNUSED}
     return short_hash(canonical_json({
-        "arm": arm, "seed": seed, "steps": ablation_steps(cfg), "section": section,
+        "arm": arm, "seed": seed, "epochs": cfg.ablation.epochs if cfg.ablation else 1.0, "section": section,
         "sft_lr": cfg.ablation.sft_learning_rate if cfg.ablation else None,
-        "pivots": wh.data_version(SET_TABLES[pivot_set]), "init": model_fingerprint(init_model(wh, cfg), cfg),
-        "verifier": verifier_fp, "split": split_fingerprint(wh, cfg.training.eval_fraction, cfg.training.seed),
-        "cpu_smoke": not has_cuda(),
+        "pool": short_hash(canonical_json(sorted(pool or []))), "pivots": wh.data_version(SET_TABLES[pivot_set]),
+        "init": model_fingerprint(init_model(wh, cfg), cfg), "verifier": verifier_fp,
+        "split": split_fingerprint(wh, config_split(cfg)), "device": "cuda" if has_cuda() else "cpu",
     }))

@@ -16,14 +16,13 @@ autocast where the resolved precision says so, see core/hardware.py); the result
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from pivot_assets.core.hardware import Precision, configure_torch, resolve_dtype
 from pivot_assets.core.shapes import as_canonical_messages, as_list, to_template_messages
@@ -36,7 +35,8 @@ IGNORE_INDEX = -100  # label value torch's cross-entropy skips
 if TYPE_CHECKING:
     import torch
 
-    from pivot_assets.core.config import SFTSection
+    from pivot_assets.core.config import PivotConfig, SFTSection
+    from pivot_assets.core.warehouse import Warehouse
 
 
 # -- rendering and the assistant-token mask --------------------------------------------------
@@ -279,12 +279,15 @@ def train_sft(
     threads: int | str = "auto",
     device: str = "cpu",
     fmt: PromptFormat = PromptFormat(),
+    seen: set[str] | None = None,
 ) -> list[dict]:
     """Fine-tune on `examples` for options.steps AdamW steps; save an HF model dir to out_dir.
 
     `options` is the `sft:` config section (steps, learning_rate, batch_size, seed); `precision` the
-    resolved dtype (bf16 autocast only when it says bfloat16). Returns one row per step: {step, loss,
-    lr, tokens (non-pad input tokens), loss_tokens, seconds}. `on_step(row)` is called after every step.
+    resolved dtype: the weights AdamW updates are fp32 (master weights) and bf16 runs as autocast over them when
+    it says bfloat16, so an update at lr 1e-6 is kept, never rounded away in bf16 storage. Returns one row per
+    step: {step, loss, lr, tokens (non-pad input tokens), loss_tokens, seconds}. `on_step(row)` is called after
+    every step; `seen`, when given, receives the turn (or trajectory) id of every example trained on.
     """
     import torch  # lazy: building the pipeline's definitions must not pay torch's import
 
@@ -300,7 +303,10 @@ def train_sft(
     rows = []
     for step in range(1, options.steps + 1):
         t0 = time.perf_counter()
-        batch = _collate(next(batches), pad_id, model.device)
+        examples_of_step = next(batches)
+        if seen is not None:
+            seen.update(str(e.get("turn_id") or e.get("trajectory_id")) for e in examples_of_step)
+        batch = _collate(examples_of_step, pad_id, model.device)
         with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=precision.bf16):
             loss = model(**batch).loss
         loss.backward()
@@ -334,19 +340,21 @@ def no_examples_reason(rejections: list[tuple[str, str]], max_length: int) -> st
                 f"{max_length}; raise sft.max_length, set sft.examples: turn, or shorten the inputs' system prompts")
     if n:
         return f"sft_policy: none of {n} trajectories can be trained on (first: {rejections[0][0]}: {rejections[0][1]})"
-    return "sft_policy: no trajectories outside the held-out split (lower training.eval_fraction or add inputs)"
+    return ("sft_policy: no trajectories in the warm-up split (lower training.eval_fraction, raise "
+            "training.warmup_fraction or add inputs)")
 
 
 def train_sft_policy(wh: "Warehouse", cfg: "PivotConfig", log: Callable[[str], None]) -> dict:
-    """The sft_policy stage: train on the expert turns of every trajectory outside the held-out split and save
-    an HF dir under the warehouse, unless a model with the same key is already there (then nothing runs).
+    """The sft_policy stage: train on the expert turns of the warm-up split's trajectories (every trajectory
+    outside the held-out split when training.warmup_fraction is 0) and save an HF dir under the warehouse, unless a
+    model with the same key is already there (then nothing runs).
 
     Returns {skipped, key, model_dir, precision, rows?, n_examples?, n_held_out?, not_trained_on?, train_s?}.
     """
     from pivot_assets.core.progress import Progress
 
     from .runs import SFT_DIR, base_model, is_done, sft_key, write_marker
-    from .split import held_out_trajectories
+    from .split import HELD_OUT, POOL, WARMUP, config_split
 
     out, key = wh.model_dir(SFT_DIR), sft_key(wh, cfg)
     device, fmt = cfg.policy.device, PromptFormat.from_policy(cfg.policy)
@@ -355,8 +363,10 @@ def train_sft_policy(wh: "Warehouse", cfg: "PivotConfig", log: Callable[[str], N
     if is_done(out, key) and wh.exists("sft_steps"):
         log(f"sft_policy is up to date ({key}): not retraining")
         return {**result, "skipped": True}
-    held_out = held_out_trajectories(wh, cfg.training.eval_fraction, cfg.training.seed)
-    trajectories = [t for t in wh.read("trajectories").iter_rows(named=True) if t["trajectory_id"] not in held_out]
+    split = config_split(cfg)
+    held_out = split.trajectories(wh, HELD_OUT)
+    warmup = split.trajectories(wh, WARMUP) if split.warmup_fraction else split.trajectories(wh, WARMUP, POOL)
+    trajectories = [t for t in wh.read("trajectories").iter_rows(named=True) if t["trajectory_id"] in warmup]
     tokenizer = load_tokenizer(base_model(cfg), fmt)
     rejections: list = []
     examples = build_examples(trajectories, tokenizer, cfg.sft.max_length, cfg.sft.examples, rejections)
@@ -365,7 +375,9 @@ def train_sft_policy(wh: "Warehouse", cfg: "PivotConfig", log: Callable[[str], N
     for key, why in rejections[:5]:
         log(f"sft_policy: not trained on {key}: {why}")
     n_turns = sum(1 for e in examples if "truncated" in e)
-    log(f"sft_policy: {len(examples)} examples ({len(examples) - n_turns} whole trajectories, {n_turns} turns), "
+    log(f"sft_policy: {len(trajectories)} warm-up trajectories ({len(held_out)} held out"
+        f"{'' if split.warmup_fraction else ', no separate warm-up split'}), "
+        f"{len(examples)} examples ({len(examples) - n_turns} whole trajectories, {n_turns} turns), "
         f"{cfg.sft.steps} steps, {precision.dtype} ({precision.reason})")
     progress = Progress(total=cfg.sft.steps, unit="sft steps", log=log, every_s=0)
     t0 = time.perf_counter()
@@ -376,14 +388,14 @@ def train_sft_policy(wh: "Warehouse", cfg: "PivotConfig", log: Callable[[str], N
     wh.write_table("sft_steps", pa.Table.from_pylist(rows))
     write_marker(out, key)
     return {**result, "skipped": False, "n_examples": len(examples), "n_held_out": len(held_out),
+            "n_warmup_trajectories": len(trajectories),
             "not_trained_on": len(rejections), "train_s": time.perf_counter() - t0}
 
 
-def pivot_turns(wh: "Warehouse", table: str, exclude_trajectories: set[str]) -> list[dict]:
-    """The turns of a pivot table outside `exclude_trajectories`, as build_turn_examples dicts (sorted by turn_id)."""
+def pivot_turns(wh: "Warehouse", pivots) -> list[dict]:
+    """The turns of pivot rows (a polars frame of a pivot table), as build_turn_examples dicts (sorted by turn_id)."""
     import polars as pl
 
-    pivots = wh.read(table).filter(~pl.col("trajectory_id").is_in(sorted(exclude_trajectories)))
     wanted = pivots["trajectory_id"].unique().to_list()
     trajectories = {t["trajectory_id"]: t for t in wh.read("trajectories", ["trajectory_id", "messages", "tools"])
                     .filter(pl.col("trajectory_id").is_in(wanted)).iter_rows(named=True)}
@@ -394,9 +406,13 @@ def pivot_turns(wh: "Warehouse", table: str, exclude_trajectories: set[str]) -> 
 
 def train_same_data_sft(model: str, turns: list[dict], options: "SFTSection", out_dir, precision: Precision,
                         log: Callable[[str], None], threads: int | str = "auto", device: str = "cpu",
-                        fmt: PromptFormat = PromptFormat()) -> dict:
+                        fmt: PromptFormat = PromptFormat(), epochs: float | None = None) -> dict:
     """The ablation's same-data SFT arm: per-turn SFT (state cut from the left, expert action) on exactly the
-    given pivot turns. Returns {rows, n_examples, rejections, truncated}; raises with the reasons when no turn fits."""
+    given pivot turns; with `epochs`, options.steps is replaced by that many passes over the examples.
+    Returns {rows, n_examples, rejections, truncated, steps, turns_trained}; raises with the reasons when no turn
+    fits."""
+    from .runs import steps_for_pool
+
     from pivot_assets.core.progress import Progress
 
     tokenizer = load_tokenizer(model, fmt)
@@ -406,8 +422,11 @@ def train_same_data_sft(model: str, turns: list[dict], options: "SFTSection", ou
         log(f"same-data SFT: not trained on {key}: {why}")
     if not examples:
         raise ValueError(no_examples_reason(rejections, options.max_length))
+    if epochs is not None:
+        options = options.model_copy(update={"steps": steps_for_pool(len(examples), options.batch_size, epochs)})
     progress = Progress(total=options.steps, unit="sft steps", log=log, every_s=0)
+    seen: set[str] = set()
     rows = train_sft(model, examples, options, out_dir, precision, threads=threads, device=device, fmt=fmt,
-                     on_step=lambda r: progress.update(1, f"loss {r['loss']:.4f}"))
-    return {"rows": rows, "n_examples": len(examples), "rejections": rejections,
-            "truncated": sum(1 for e in examples if e["truncated"])}
+                     on_step=lambda r: progress.update(1, f"loss {r['loss']:.4f}"), seen=seen)
+    return {"rows": rows, "n_examples": len(examples), "rejections": rejections, "steps": options.steps,
+            "truncated": sum(1 for e in examples if e["truncated"]), "turns_trained": seen}

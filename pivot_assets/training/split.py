@@ -1,30 +1,23 @@
-"""The held-out split (Dagster-free): by source conversation, made once from the seed, used by SFT, GRPO and
-evaluation alike.
+"""The split as training and evaluation use it (Dagster-free): thin over core/split.py, where the three-way split
+by source conversation (warm-up / training pool / held out) is defined, so profiling can read it too.
 
-The unit is the *source conversation*: `trajectories.conversation_id`, the group key every format adapter
-fills (NeMo-Gym pivot rows cut from one conversation share it). A warehouse written before that column
-existed (or a row where it is null) falls back to the trajectory's own id, so the split works before and after.
-Whether a group is held out is decided from hash(seed, group key) alone, so every stage, whatever subset of
-trajectories it reads, puts every trajectory of one conversation on the same side.
+Held out = hash(seed, conversation) < eval_fraction, per conversation: whatever subset of trajectories a stage
+reads, every trajectory of one conversation lands on the same side.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
-from pivot_assets.core.ids import seeded_unit
+from pivot_assets.core.split import HELD_OUT, POOL, WARMUP, ConversationSplit, by_trajectory, trajectory_groups
 from pivot_assets.core.warehouse import Warehouse
 
-GROUP_COLUMN = "conversation_id"
+if TYPE_CHECKING:
+    from pivot_assets.core.config import PivotConfig
 
-
-def _check_fraction(eval_fraction: float) -> None:
-    if not 0.0 <= eval_fraction < 1.0:
-        raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
-
-
-def is_held_out(group_key: str, eval_fraction: float, seed: int = 0) -> bool:
-    return seeded_unit(seed, str(group_key)) < eval_fraction
+__all__ = ["HELD_OUT", "POOL", "WARMUP", "ConversationSplit", "trajectory_groups", "split_by_trajectory",
+           "split_by_group", "held_out_trajectories", "split_fingerprint", "config_split", "not_in_pool"]
 
 
 def split_by_trajectory(trajectory_ids: Iterable[str], eval_fraction: float, seed: int = 0) -> set[str]:
@@ -33,41 +26,29 @@ def split_by_trajectory(trajectory_ids: Iterable[str], eval_fraction: float, see
     The decision is made per id, independently of which other ids are passed; the held-out share is
     eval_fraction in expectation, not exactly. For grouped trajectories use split_by_group.
     """
-    _check_fraction(eval_fraction)
-    return {t for t in set(trajectory_ids) if is_held_out(t, eval_fraction, seed)}
+    return by_trajectory(trajectory_ids, ConversationSplit(eval_fraction, 0.0, seed), HELD_OUT)
 
 
 def split_by_group(groups: Mapping[str, str | None], eval_fraction: float, seed: int = 0) -> set[str]:
     """The held-out trajectory ids of {trajectory_id: group key}: a trajectory is held out iff its group is
     (a missing key is the trajectory's own id), so one conversation never lands on both sides."""
-    _check_fraction(eval_fraction)
-    return {t for t, g in groups.items() if is_held_out(g or t, eval_fraction, seed)}
-
-
-def trajectory_groups(wh: Warehouse) -> dict[str, str]:
-    """{trajectory_id: source-conversation key} from the trajectories table (conversation_id when the column
-    exists and is set, else the trajectory id)."""
-    import pyarrow.parquet as pq
-
-    columns = ["trajectory_id"]
-    if wh.table_path("trajectories").exists():
-        names = pq.read_schema(wh.table_path("trajectories")).names
-    else:
-        names = wh.read_arrow("trajectories").column_names
-    if GROUP_COLUMN in names:
-        columns.append(GROUP_COLUMN)
-    table = wh.read_arrow("trajectories", columns).to_pydict()
-    groups = table.get(GROUP_COLUMN) or [None] * len(table["trajectory_id"])
-    return {t: (g or t) for t, g in zip(table["trajectory_id"], groups)}
+    return ConversationSplit(eval_fraction, 0.0, seed).members(groups, HELD_OUT)
 
 
 def held_out_trajectories(wh: Warehouse, eval_fraction: float, seed: int) -> set[str]:
-    """The held-out trajectory ids of the warehouse: whole source conversations (see the module docstring)."""
-    return split_by_group(trajectory_groups(wh), eval_fraction, seed)
+    """The held-out trajectory ids of the warehouse: whole source conversations."""
+    return ConversationSplit(eval_fraction, 0.0, seed).trajectories(wh, HELD_OUT)
 
 
-def split_fingerprint(wh: Warehouse, eval_fraction: float, seed: int) -> str:
-    """A short hash of the held-out set: part of every model key and evaluation key."""
-    from pivot_assets.core.ids import canonical_json, short_hash
+def split_fingerprint(wh: Warehouse, split: ConversationSplit) -> str:
+    """A short hash of the held-out (and warm-up) sets: part of every model key and evaluation key."""
+    return split.fingerprint(wh)
 
-    return short_hash(canonical_json(sorted(held_out_trajectories(wh, eval_fraction, seed))))
+
+def config_split(cfg: "PivotConfig") -> ConversationSplit:
+    return ConversationSplit.from_config(cfg)
+
+
+def not_in_pool(wh: Warehouse, cfg: "PivotConfig") -> set[str]:
+    """The trajectories no GRPO run or ablation arm may train on: the held-out and the warm-up conversations."""
+    return config_split(cfg).trajectories(wh, HELD_OUT, WARMUP)

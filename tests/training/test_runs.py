@@ -38,6 +38,7 @@ def test_sft_key_follows_the_sft_section_the_split_and_the_data(tmp_path, monkey
     assert key == runs.sft_key(wh, _cfg(tmp_path))
     assert key != runs.sft_key(wh, _cfg(tmp_path, sft={"steps": 3}))
     assert key != runs.sft_key(wh, _cfg(tmp_path, training={"eval_fraction": 0.3}))
+    assert key != runs.sft_key(wh, _cfg(tmp_path, training={"warmup_fraction": 0.3}))  # trains on another split
     assert key == runs.sft_key(wh, _cfg(tmp_path, training={"eval_k": 16}))  # evaluation-only: no retrain
     assert key != runs.sft_key(_warehouse(tmp_path, rows=("a", "c")), _cfg(tmp_path))
 
@@ -75,7 +76,7 @@ def test_eval_seed_is_apart_from_profiling_and_the_same_for_every_policy(tmp_pat
     assert runs.training_identity(_cfg(tmp_path, training={"reward_verifier": {"default": {"name": "exact"}}})) != ident
 
 
-def test_arm_models_are_keyed_by_arm_and_seed(tmp_path, monkeypatch):
+def test_arm_models_are_keyed_by_arm_seed_and_pool_and_evaluation_keys_never_retrain(tmp_path, monkeypatch):
     monkeypatch.setattr("pivot_assets.policies.models.policy_fingerprint", lambda model, fmt=None: f"fp:{model}")
     wh = _warehouse(tmp_path)
     for table in ("pivots_adv", "pivots_cand", "pivots_mixed"):
@@ -83,14 +84,50 @@ def test_arm_models_are_keyed_by_arm_and_seed(tmp_path, monkeypatch):
     cfg = _cfg(tmp_path, ablation={"seeds": [0, 1]})
     dirs = {runs.arm_dir(a, s) for a in cfg.ablation.arms for s in cfg.ablation.seeds}
     assert len(dirs) == 10 and all(wh.model_dir(d) for d in dirs)
-    keys = {runs.arm_key(wh, cfg, a, s, "v") for a in cfg.ablation.arms for s in cfg.ablation.seeds}
+    keys = {runs.arm_key(wh, cfg, a, s, "v", ["u1"]) for a in cfg.ablation.arms for s in cfg.ablation.seeds}
     assert len(keys) == 10
-    key = runs.arm_key(wh, cfg, "grpo_adv", 0, "v")
-    assert key == runs.arm_key(wh, _cfg(tmp_path, ablation={"seeds": [0, 1]}, training={"eval_k": 9}), "grpo_adv", 0, "v")
-    assert key != runs.arm_key(wh, _cfg(tmp_path, ablation={"steps": 2}), "grpo_adv", 0, "v")
-    assert runs.ablation_steps(_cfg(tmp_path, ablation={"steps": 3})) == 3
+    key = runs.arm_key(wh, cfg, "grpo_adv", 0, "v", ["u1"])
+    for evaluation_only in ({"training": {"eval_k": 9}}, {"training": {"bootstrap": 200}},
+                            {"ablation": {"seeds": [0, 1], "primary": "adv"}}):
+        sections = {"ablation": {"seeds": [0, 1]}, **evaluation_only}
+        assert key == runs.arm_key(wh, _cfg(tmp_path, **sections), "grpo_adv", 0, "v", ["u1"]), evaluation_only
+    assert key != runs.arm_key(wh, _cfg(tmp_path, ablation={"epochs": 2}), "grpo_adv", 0, "v", ["u1"])
+    for unused in ({"training": {"steps": 3}}, {"training": {"set": "mixed"}}, {"sft": {"steps": 5}}):  # grpo_run's
+        sections = {"ablation": {"seeds": [0, 1]}, **unused}
+        assert key == runs.arm_key(wh, _cfg(tmp_path, **sections), "grpo_adv", 0, "v", ["u1"]), unused
+    sft = runs.arm_key(wh, cfg, "sft_same_data", 0, None, ["u1"])
+    assert sft == runs.arm_key(wh, _cfg(tmp_path, ablation={"seeds": [0, 1]}, sft={"steps": 5}), "sft_same_data", 0,
+                               None, ["u1"])
+    assert sft != runs.arm_key(wh, _cfg(tmp_path, ablation={"seeds": [0, 1]}, sft={"batch_size": 5}),
+                               "sft_same_data", 0, None, ["u1"])
+    assert key != runs.arm_key(wh, cfg, "grpo_adv", 0, "v", ["u1", "u2"])  # another pool (a D_cand draw)
+    assert key != runs.arm_key(wh, _cfg(tmp_path, ablation={"seeds": [0, 1]}, training={"warmup_fraction": 0.2}),
+                               "grpo_adv", 0, "v", ["u1"])
     assert runs.reference_model(wh, _cfg(tmp_path, policy={"model": "sft"})) == str(wh.model_dir("sft_policy"))
     assert runs.reference_model(wh, _cfg(tmp_path, policy={"model": "embedded"})) == "embedded"
+
+
+def test_steps_come_from_the_pool_size_and_epochs(tmp_path):
+    assert runs.steps_for_pool(25, 1, 1.0) == 25
+    assert runs.steps_for_pool(25, 4, 1.0) == 7  # the last batch of a pass is short (SFT) or padded (GRPO)
+    assert runs.steps_for_pool(25, 4, 2.0) == 14 and runs.steps_for_pool(1, 8, 1.0) == 1
+    assert runs.steps_for_pool(10, 3, 1.5) == 6
+    cfg = _cfg(tmp_path, training={"num_generations": 4}, sft={"batch_size": 3})
+    assert runs.prompts_per_step(cfg, "grpo") == 1 and runs.prompts_per_step(cfg, "sft") == 3
+    wide = _cfg(tmp_path, training={"num_generations": 4, "grpo": {"per_device_train_batch_size": 8,
+                                                                   "gradient_accumulation_steps": 2}})
+    assert runs.prompts_per_step(wide, "grpo") == 4
+    import pytest
+
+    with pytest.raises(ValueError, match="multiple of num_generations"):
+        runs.prompts_per_step(_cfg(tmp_path, training={"num_generations": 4,
+                                                       "grpo": {"per_device_train_batch_size": 6}}), "grpo")
+
+
+def test_each_ablation_seed_has_its_own_evaluation_draw_and_seed_0_is_pivot_evals(tmp_path):
+    cfg = _cfg(tmp_path)
+    draws = {runs.eval_seed(cfg, s) for s in range(4)}
+    assert len(draws) == 4 and runs.eval_seed(cfg, 0) == runs.eval_seed(cfg)
 
 
 def test_ablation_config_rejects_unknown_arms(tmp_path):
@@ -101,3 +138,9 @@ def test_ablation_config_rejects_unknown_arms(tmp_path):
     with pytest.raises(ConfigError, match="ablation.arms"):
         _cfg(tmp_path, ablation={"arms": ["grpo_everything"]})
     assert _cfg(tmp_path).ablation is None
+    with pytest.raises(ConfigError, match="ablation.steps is gone"):
+        _cfg(tmp_path, ablation={"steps": 8})
+    with pytest.raises(ConfigError, match="ablation.primary"):
+        _cfg(tmp_path, ablation={"primary": "everything"})
+    with pytest.raises(ConfigError, match="no training pool"):
+        _cfg(tmp_path, training={"eval_fraction": 0.5, "warmup_fraction": 0.5})

@@ -55,3 +55,43 @@ def test_the_warehouse_split_reads_conversation_id_and_falls_back_without_it(tmp
     for conv in {g for g in groups.values() if g.startswith("c")}:
         members = {t for t, g in groups.items() if g == conv}
         assert members <= held or not (members & held)
+
+
+def test_three_way_split_is_disjoint_by_conversation_and_stable_under_subsets():
+    from pivot_assets.core.split import HELD_OUT, POOL, WARMUP, ConversationSplit
+
+    groups = {f"t{i}": f"c{i // 3}" for i in range(3000)}
+    split = ConversationSplit(eval_fraction=0.3, warmup_fraction=0.3, seed=5)
+    roles = split.roles(groups)
+    sides = {r: {t for t, x in roles.items() if x == r} for r in (HELD_OUT, WARMUP, POOL)}
+    assert set().union(*sides.values()) == set(groups) and sum(map(len, sides.values())) == len(groups)
+    for role, share in ((HELD_OUT, 0.3), (WARMUP, 0.3), (POOL, 0.4)):
+        assert abs(len(sides[role]) / len(groups) - share) < 0.05, role
+    for conv in {g for g in groups.values()}:  # a conversation never spans two sides
+        assert len({roles[t] for t, g in groups.items() if g == conv}) == 1
+    # a subset of trajectories (what one stage reads) gets the same decisions
+    subset = {t: g for t, g in list(groups.items())[::7]}
+    assert split.roles(subset) == {t: roles[t] for t in subset}
+    # the held-out side is the two-way split's: adding a warm-up split never moves an evaluation turn
+    assert sides[HELD_OUT] == split_by_group(groups, 0.3, seed=5)
+    assert ConversationSplit(0.3, 0.0, 5).members(groups, WARMUP) == set()
+    with pytest.raises(ValueError, match="training pool"):
+        ConversationSplit(0.5, 0.5, 0)
+
+
+def test_profiling_skips_the_warm_up_conversations(tmp_path):
+    from pivot_assets.core.split import WARMUP, ConversationSplit
+    from pivot_assets.profiling.profiler import select_turns
+
+    wh = Warehouse(tmp_path / "wh")
+    ids = [f"t{i}" for i in range(200)]
+    wh.write_table("trajectories", pa.table({"trajectory_id": ids, "conversation_id": [f"c{i // 2}" for i in range(200)]}))
+    wh.write_table("turns", pa.table({"turn_id": [f"u{i:03d}" for i in range(200)], "trajectory_id": ids}))
+    split = ConversationSplit(0.2, 0.4, 1)
+    warmup = split.trajectories(wh, WARMUP)
+    assert 40 < len(warmup) < 120
+    wanted = select_turns(wh, None, split)
+    assert set(wanted) == {f"u{i:03d}" for i in range(200) if f"t{i}" not in warmup}
+    assert select_turns(wh, None, ConversationSplit(0.2, 0.0, 1)) == select_turns(wh, None) == sorted(
+        f"u{i:03d}" for i in range(200))
+    assert select_turns(wh, 5, split) == wanted[:5]

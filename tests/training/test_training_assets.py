@@ -3,7 +3,9 @@
 A graded, fact-blind string verifier gives every profiled turn a continuous reward, so the tiny warm-up
 policy yields pivots; the point here is the wiring: the configured backend, dtype and device reach
 evaluation (the policies are sampled and probed with them), every ablation arm gets its own model and rows,
-the ablation_table view reads them, and a second run trains and samples nothing.
+the ablation_table and ablation_pairs_table views read them, the three-way split keeps the warm-up's
+conversations out of profiling, every arm makes one pass over its pool, and a second run trains and samples
+nothing.
 """
 
 from __future__ import annotations
@@ -14,15 +16,15 @@ from pivot_assets.cli import main as pivot
 
 CONFIG = """
 warehouse: ./wh
-sample: {n_trajectories: 8, seed: 3}
+sample: {n_trajectories: 12, seed: 3}
 sft: {steps: 2, batch_size: 2, max_length: 1024}
 policy: {backend: transformers, model: sft, k: 2, max_new_tokens: 12, dtype: bfloat16, device: cpu}
 verifier:
   default: {name: string_similarity, graded: true, facts: ignore}
-pivots: {lambda_diff: 0.95}
-training: {set: adv, init: sft, steps: 1, num_generations: 2, max_completion_length: 8, eval_fraction: 0.5,
-           eval_k: 2, ood_max_items: 12, bootstrap: 200}
-ablation: {arms: [grpo_adv_exact, sft_same_data], seeds: [0], steps: 1}
+pivots: {lambda_diff: 0.95, max_per_trajectory: 1}   # one pivot per trajectory: tiny pools, short arm runs
+training: {set: adv, init: sft, steps: 1, num_generations: 2, max_completion_length: 8, eval_fraction: 0.4,
+           warmup_fraction: 0.5, eval_k: 2, eval_max_turns: 6, ood_max_items: 12, bootstrap: 200}
+ablation: {arms: [grpo_adv, sft_same_data], seeds: [0], epochs: 1, primary: profiled}   # several: test_ablation_pools
 runtime: {workers: 1}   # the spies below see this process only; the workers' path is checked at the end
 """
 
@@ -68,18 +70,39 @@ def test_sft_grpo_eval_materialize_and_evaluation_uses_the_configured_engine(tmp
     assert all(r == (0.0, 0.0, 0.0) for r in ref if r[0] is not None)
     assert con.sql("select count(*) from policy_comparison").fetchone()[0] == 3 * 4
 
-    # the ablation: one model dir per arm, rows keyed by arm and seed, the named view
+    # the three-way split: the warm-up trained on its own conversations, which profiling never saw
+    from pivot_assets.core.split import HELD_OUT, WARMUP, ConversationSplit
+    from pivot_assets.core.warehouse import Warehouse
+
+    wh = Warehouse(tmp_path / "wh")
+    split = ConversationSplit(0.4, 0.5, 0)
+    warmup, held_out = split.trajectories(wh, WARMUP), split.trajectories(wh, HELD_OUT)
+    profiled = set(con.sql("select u.trajectory_id from turn_profiles p join turns u using (turn_id)")
+                   .fetchnumpy()["trajectory_id"])
+    assert warmup and held_out and profiled and not profiled & warmup and held_out <= profiled
+
+    # the ablation: one model dir per arm and seed, rows keyed by arm and seed, the named views
     arms = con.sql("select distinct arm, seed from ablation_results where arm is not null order by arm").fetchall()
-    assert arms == [("grpo_adv_exact", 0), ("sft_same_data", 0)]
+    assert arms == [("grpo_adv", 0), ("sft_same_data", 0)]
     models = sorted(p.name for p in (tmp_path / "wh" / "models").iterdir() if p.name.startswith("ablation_"))
-    assert models == ["ablation_grpo_adv_exact_s0", "ablation_sft_same_data_s0"]
-    table = con.sql("select arm, n_adv, n_ood from ablation_table").fetchall()
-    assert [r[0] for r in table] == ["base", "reference", "grpo_adv_exact", "sft_same_data"]
-    assert all(r[2] == 12 for r in table)
-    # the reference rows of pivot_eval and the ablation are the same measurement (same draws, same sets)
-    same = con.sql("select count(*) from pivot_eval p join ablation_results a using (policy, eval_set, eval_key) "
-                   "where policy in ('base', 'reference') and p.accuracy is not distinct from a.accuracy").fetchone()[0]
-    assert same == 2 * 4
+    assert models == ["ablation_grpo_adv_s0", "ablation_sft_same_data_s0"]
+    table = con.sql("select arm, seeds, n_seeds, primary_set, n, n_ood from ablation_table").fetchall()
+    assert [r[:3] for r in table] == [("base", "", 1), ("reference", "", 1), ("grpo_adv", "0", 1),
+                                      ("sft_same_data", "0", 1)]
+    assert {r[3] for r in table} == {"profiled"} and all(r[5] == 12 for r in table)
+    pairs = con.sql("select pair, n_seeds, excludes_zero from ablation_pairs_table where \"primary\"").fetchall()
+    assert [p[:2] for p in pairs] == [("grpo_adv - sft_same_data", 1)] and pairs[0][2] is not None
+    # every arm made one pass over its pool (one prompt group per GRPO step), SFT and GRPO on D_adv saw the same
+    # turns, useful share and tokens logged
+    runs = {r["arm"]: r for r in con.sql("select * from ablation_runs").pl().to_dicts()}
+    adv, sft = runs["grpo_adv"], runs["sft_same_data"]
+    assert adv["turns_trained"] == adv["pool"] == adv["steps"] > 0 and 0.0 <= adv["useful_share"] <= 1.0
+    assert sft["turns_trained_fp"] == adv["turns_trained_fp"] and sft["steps"] == -(-adv["pool"] // 2)
+    assert adv["tokens"] > 0 and sft["tokens"] > 0
+    # the base model is scored with seed 0's draw: pivot_eval's own measurement (same draws, same sets)
+    same = con.sql("select count(*) from pivot_eval p join ablation_results a using (policy, eval_set) "
+                   "where policy = 'base' and p.accuracy is not distinct from a.accuracy").fetchone()[0]
+    assert same == 4
     assert (tmp_path / "wh" / "plots" / "ablation_results.png").is_file()
     # what really ran: the evaluation engines and the OOD probe's model loads used the configured engine
     eval_engines = [e for e in engines if e[3] and ("grpo_policy" in e[3] or e[3] == "embedded")]

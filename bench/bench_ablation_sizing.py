@@ -1,0 +1,337 @@
+"""Sizing the BFCL ablation from small timed pieces, into bench/RESULTS_ablation_bfcl_sizing.md.
+
+    .venv/bin/python bench/bench_ablation_sizing.py [--config configs/ablation_bfcl.yaml] [--turns 16]
+                                                    [--out bench/RESULTS_ablation_bfcl_sizing.md]
+
+BFCL single-turn items (the config's categories, from the bfcl-eval package) are rendered through the embedded
+policy's chat template with their tools (ingest/bfcl.py's mapping), as profiling, GRPO and evaluation render
+them. A short SFT warm-up on other items gives a policy that writes calls and stops, as the reference and the
+arms do (the base model runs every sample to the token limit). Then, on those prompts, with the config's dtype
+and one torch thread per process:
+  - the warm-up / same-data SFT: seconds per step (sft.batch_size);
+  - sampling (what profiling and evaluation run): seconds per turn at K = policy.k and at eval_k, with the warmed
+    policy (and the base model once, which the ablation scores on one draw), at policy.batch_size rows per step;
+  - GRPO: seconds per optimizer step (num_generations x max_completion_length; setup timed apart);
+  - the OOD probe: seconds per item.
+Each piece records wall and CPU seconds: the machine is shared, so CPU seconds (what a core spends on it) are the
+estimate's unit. The estimate multiplies them by the config's counts (the split computed exactly from the items'
+ids, pool sizes from assumed D_adv / D_mixed shares): serial phases (warm-up, profiling) at one core, the arms and
+the evaluations on runtime.workers cores at full speed each. CPU seconds measured beside other jobs run slower
+than on an idle core, and two busy cores of this box give 1.5-1.6x one (bench/RESULTS_threads.md), which the
+loaded measurement already pays: the estimate is an upper bound for an idle box. It also prints the largest pool
+(at the config's held-out and warm-up sizes) that fits in --budget-min.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+BFCL_DATA = ROOT / ".venv" / "lib" / "python3.11" / "site-packages" / "bfcl_eval" / "data"
+
+
+def cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+class timed:
+    def __enter__(self):
+        self.wall, self.cpu = time.perf_counter(), cpu_s()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall, self.cpu = time.perf_counter() - self.wall, cpu_s() - self.cpu
+
+
+def bfcl_items(categories: list[str]) -> list[dict]:
+    """{id, category, messages, tools, action} per BFCL single-turn item (the first user turn); an item whose
+    answer does not map (ingest quarantines it) is left out."""
+    from pivot_assets.ingest.bfcl import BFCLError, bfcl_tools, expected_action
+
+    items = []
+    for cat in categories:
+        answers = {}
+        for line in (BFCL_DATA / "possible_answer" / f"BFCL_v4_{cat}.json").read_text().splitlines():
+            row = json.loads(line)
+            answers[row["id"]] = row["ground_truth"]
+        for line in (BFCL_DATA / f"BFCL_v4_{cat}.json").read_text().splitlines():
+            row = json.loads(line)
+            if row["id"] not in answers:
+                continue
+            messages = [{"role": m["role"], "content": m["content"], "tool_calls": None, "tool_call_id": None}
+                        for m in row["question"][0]]
+            try:
+                items.append({"id": row["id"], "category": cat, "messages": messages,
+                              "tools": bfcl_tools(row["function"]), "action": expected_action(answers[row["id"]])})
+            except BFCLError:
+                continue
+    return items
+
+
+def action_message(action: dict) -> dict:
+    calls = action["calls"] if action["type"] == "function_call_batch" else [action]
+    return {"role": "assistant", "content": None, "tool_call_id": None,
+            "tool_calls": [{"id": f"c{i}", "name": c["name"], "arguments": json.dumps(c["arguments"])}
+                           for i, c in enumerate(calls)]}
+
+
+def token_stats(items: list[dict], tokenizer) -> dict:
+    from pivot_assets.training.sft import turn_example
+
+    prompt, action = [], []
+    for it in items:
+        example, _ = turn_example(tokenizer, it["messages"] + [action_message(it["action"])], len(it["messages"]),
+                                  it["tools"], 1 << 20)
+        n_action = sum(1 for t in example["labels"] if t != -100)
+        prompt.append(len(example["input_ids"]) - n_action)
+        action.append(n_action)
+    q = lambda xs, p: sorted(xs)[min(len(xs) - 1, int(p * len(xs)))]  # noqa: E731
+    return {"n": len(items), "prompt_mean": sum(prompt) / len(prompt), "prompt_p90": q(prompt, 0.9),
+            "action_mean": sum(action) / len(action), "action_p90": q(action, 0.9), "action_max": max(action)}
+
+
+def time_sampling(cfg, model: str, items: list[dict], k: int, max_new_tokens: int) -> dict:
+    from pivot_assets.policies.base import GenerationRequest, SamplingConfig
+    from pivot_assets.policies.factory import build_backend
+
+    engine = build_backend(cfg.policy, model=model)
+    requests = [GenerationRequest(it["id"], it["id"], len(it["messages"]), it["messages"], it["tools"]) for it in items]
+    with timed() as t:
+        samples = [s for batch in engine.generate(requests, SamplingConfig(k=k, max_new_tokens=max_new_tokens, seed=1))
+                   for s in batch]
+    generated = sum(s.n_completion_tokens for s in samples)
+    return {"turns": len(items), "k": k, "wall_s": t.wall, "cpu_s": t.cpu, "generated_tokens": generated,
+            "s_per_turn": t.cpu / len(items), "length_share": sum(s.finish_reason == "length" for s in samples) / len(samples)}
+
+
+def time_grpo(cfg, model: str, items: list[dict], steps: int) -> dict:
+    from datasets import Dataset
+
+    from pivot_assets.core.hardware import resolve_dtype
+    from pivot_assets.training.grpo import run_grpo
+    from pivot_assets.verifiers import DomainVerifiers
+
+    data = Dataset.from_dict({
+        "prompt": [it["messages"] for it in items], "tools": [json.dumps(it["tools"]) for it in items],
+        "expert_action": [json.dumps(it["action"]) for it in items], "turn_id": [it["id"] for it in items],
+        "trajectory_id": [it["id"] for it in items], "domain": ["bfcl"] * len(items)})
+    options = cfg.training.model_copy(update={"steps": steps, "seed": 0})
+    seconds: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp, timed() as t:
+        run = run_grpo(model, data, DomainVerifiers(cfg.verifier), options, Path(tmp) / "m", cpu_smoke=False,
+                       precision=resolve_dtype(cfg.training.dtype, "cpu"), threads=1, held_out=set(),
+                       on_step=lambda r: seconds.append(r["seconds"] or 0.0))
+    per_step = [r["seconds"] for r in run.steps if r.get("seconds")]
+    lengths = [r["completion_mean_length"] for r in run.steps if r.get("completion_mean_length")]
+    return {"steps": steps, "wall_s": t.wall, "cpu_s": t.cpu, "s_per_step_wall": sum(per_step) / len(per_step),
+            "setup_wall_s": t.wall - sum(per_step), "completion_mean_length": sum(lengths) / len(lengths) if lengths else None,
+            "cpu_per_wall": t.cpu / t.wall}
+
+
+def warm_up(cfg, items: list[dict], steps: int, out: Path) -> dict:
+    """A short SFT warm-up of the embedded model on `items` (per turn, as the same-data SFT arm trains): the policy
+    the other pieces sample from, and the seconds an SFT step takes."""
+    from pivot_assets.core.hardware import resolve_dtype
+    from pivot_assets.training.sft import train_same_data_sft
+
+    turns = [{"turn_id": it["id"], "trajectory_id": it["id"], "message_index": len(it["messages"]),
+              "messages": it["messages"] + [action_message(it["action"])], "tools": it["tools"]} for it in items]
+    options = cfg.sft.model_copy(update={"steps": steps})
+    with timed() as t:
+        result = train_same_data_sft("embedded", turns, options, out, resolve_dtype(cfg.sft.dtype, "cpu"),
+                                     lambda m: None, threads=1)
+    per_step = sum(r["seconds"] for r in result["rows"]) / len(result["rows"])
+    return {"steps": steps, "wall_s": t.wall, "cpu_s": t.cpu, "s_per_step_wall": per_step,
+            "setup_wall_s": t.wall - per_step * steps, "cpu_per_wall": t.cpu / t.wall,
+            "final_loss": result["rows"][-1]["loss"]}
+
+
+def time_ood(cfg, model: str, n_items: int) -> dict:
+    from pivot_assets.core.hardware import resolve_dtype
+    from pivot_assets.training.ood_probe import ood_accuracy, probe_items
+
+    probe = probe_items(None, n_items)
+    with timed() as t:
+        ood_accuracy(model, probe, dtype=resolve_dtype(cfg.policy.dtype, "cpu").dtype)
+    return {"items": len(probe), "wall_s": t.wall, "cpu_s": t.cpu}
+
+
+def config_categories(path: Path) -> list[str]:
+    """The BFCL categories of a config's `format: bfcl` inputs (BFCL_v4_<category>.json)."""
+    import yaml
+
+    raw = yaml.safe_load(path.read_text())
+    return [Path(spec["path"]).stem.removeprefix("BFCL_v4_") for spec in raw.get("inputs") or []
+            if spec.get("format") == "bfcl"]
+
+
+def split_sizes(cfg, ids: list[str]) -> dict[str, int]:
+    """The exact split of the items (conversation_id = the BFCL item id)."""
+    from collections import Counter
+
+    from pivot_assets.core.split import ConversationSplit
+
+    return dict(Counter(ConversationSplit.from_config(cfg).role(i) for i in ids))
+
+
+def estimate(cfg, sizes: dict[str, int], m: dict, assumed: dict) -> list[tuple[str, float, str]]:
+    """(phase, CPU seconds, how) of the whole run, from the measured pieces and the config's counts."""
+    from pivot_assets.training.runs import prompts_per_step, steps_for_pool
+
+    t, a = cfg.training, cfg.ablation
+    held, warm, pool = sizes.get("held_out", 0), sizes.get("warmup", 0), sizes.get("pool", 0)
+    adv, mixed = pool * assumed["adv_share"], pool * assumed["mixed_share"]
+    seeds = len(a.seeds)
+    grpo_step = m["grpo"]["s_per_step_wall"] * m["grpo"]["cpu_per_wall"]
+    sft_step = m["sft"]["s_per_step_wall"] * m["sft"]["cpu_per_wall"] / cfg.sft.batch_size  # per example
+    per_turn = lambda key: m["sampling"][key]["s_per_turn"]  # noqa: E731
+    grpo_steps = {s: steps_for_pool(max(1, round(n)), prompts_per_step(cfg, "grpo"), a.epochs)
+                  for s, n in (("adv", adv), ("cand", adv), ("mixed", mixed))}
+    arms = {"grpo_adv": grpo_steps["adv"], "grpo_cand": grpo_steps["cand"], "grpo_mixed": grpo_steps["mixed"],
+            "grpo_adv_exact": grpo_steps["adv"]}
+    arms = {arm: n for arm, n in arms.items() if arm in a.arms}
+    setup = 15.0 * (len(arms) + ("sft_same_data" in a.arms)) * seeds  # load + save a model per run (4-9 s + a save)
+    sft_arm = steps_for_pool(max(1, round(adv)), 1, a.epochs) * sft_step * seeds if "sft_same_data" in a.arms else 0.0
+    scorings = len(a.arms) * seeds + seeds  # arm/s on draw s, the reference on every draw
+    models = len(a.arms) * seeds + 2
+    probe = t.ood_max_items or 424
+    return [
+        ("SFT warm-up", cfg.sft.steps * cfg.sft.batch_size * sft_step, f"{cfg.sft.steps} steps x {cfg.sft.batch_size} "
+                                                                       f"of the {warm} warm-up items"),
+        ("profiling", (held + pool) * per_turn("profile"), f"{held + pool} turns (pool {pool} + held out {held}) x "
+                                                           f"K={cfg.policy.k}, the warmed policy"),
+        ("GRPO arms", sum(arms.values()) * grpo_step * seeds,
+         f"{seeds} seeds x steps {arms} (D_adv ~{adv:.0f}, D_mixed ~{mixed:.0f} of the pool)"),
+        ("same-data SFT arm", sft_arm, f"{seeds} seeds x one pass over D_adv's pool"),
+        ("model load/save per arm run", setup, "~15 s per run"),
+        ("evaluation", scorings * held * per_turn("eval") + held * per_turn("base")
+         + models * probe * m["ood"]["cpu_s"] / m["ood"]["items"],
+         f"{scorings} (model, draw) scorings x {held} held-out turns x eval_k={t.eval_k} (the warmed policy's cost), "
+         f"the base model on one draw, {models} models x {probe} probe items"),
+    ]
+
+
+PARALLEL = {"GRPO arms", "same-data SFT arm", "model load/save per arm run", "evaluation"}
+
+
+def wall_s(phases: list[tuple[str, float, str]], workers: int) -> float:
+    """Serial phases on one core, the parallel ones on `workers` cores (+ ~1 min of ingest, contracts, exports)."""
+    return 60.0 + sum(sec / (workers if p in PARALLEL else 1) for p, sec, _ in phases)
+
+
+def largest_pool(cfg, sizes: dict[str, int], m: dict, args, workers: int) -> int:
+    """The largest training pool (held-out and warm-up sizes kept) whose estimate fits in args.budget_min."""
+    assumed = {"adv_share": args.adv_share, "mixed_share": args.mixed_share}
+    pool = 0
+    while pool < 5000 and wall_s(estimate(cfg, {**sizes, "pool": pool + 1}, m, assumed), workers) <= args.budget_min * 60:
+        pool += 1
+    return pool
+
+
+def main() -> None:
+    from pivot_assets.core.config import load_config
+    from pivot_assets.core.hardware import configure_torch, describe_cpu, native_bf16
+    from pivot_assets.policies.models import load_tokenizer
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", default=str(ROOT / "configs" / "ablation_bfcl.yaml"))
+    ap.add_argument("--categories", default=None, help="BFCL categories (default: the config's bfcl inputs)")
+    ap.add_argument("--warmup-steps", type=int, default=24, help="SFT steps of the warmed policy the pieces sample")
+    ap.add_argument("--turns", type=int, default=16, help="turns per timed sampling piece")
+    ap.add_argument("--grpo-steps", type=int, default=4)
+    ap.add_argument("--adv-share", type=float, default=0.25, help="assumed share of pool turns in D_adv")
+    ap.add_argument("--mixed-share", type=float, default=0.45, help="assumed share of pool turns in D_mixed")
+    ap.add_argument("--budget-min", type=float, default=150.0)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "RESULTS_ablation_bfcl_sizing.md"))
+    args = ap.parse_args()
+    configure_torch(1)
+    cfg = load_config(args.config, overrides={"inputs": None})  # the BFCL input is not needed to time the pieces
+    load_start = os.getloadavg()
+    args.categories = args.categories or ",".join(config_categories(Path(args.config)))
+    items = bfcl_items(args.categories.split(","))
+    sizes = split_sizes(cfg, [it["id"] for it in items])
+    tokenizer = load_tokenizer("embedded")
+    stats = {cat: token_stats([it for it in items if it["category"] == cat], tokenizer)
+             for cat in args.categories.split(",")}
+    # every category in turn: one timed piece covers the prompt lengths the run sees; the warm-up takes other items
+    step = max(1, len(items) // args.turns)
+    sample = [items[i] for i in range(0, len(items), step)][: args.turns]
+    others = [it for i, it in enumerate(items) if i % step][: args.warmup_steps * cfg.sft.batch_size]
+    measured: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        warmed = str(Path(tmp) / "warmed")
+        measured["sft"] = warm_up(cfg, others, args.warmup_steps, Path(warmed))
+        length = cfg.training.max_completion_length
+        measured["sampling"] = {
+            "profile": time_sampling(cfg, warmed, sample, cfg.policy.k, length),
+            "eval": time_sampling(cfg, warmed, sample, cfg.training.eval_k, length),
+            "base": time_sampling(cfg, "embedded", sample, cfg.training.eval_k, length)}
+        measured["grpo"] = time_grpo(cfg, warmed, sample[:8], args.grpo_steps)
+        measured["ood"] = time_ood(cfg, warmed, 48)
+    load_end = os.getloadavg()
+    phases = estimate(cfg, sizes, measured, {"adv_share": args.adv_share, "mixed_share": args.mixed_share})
+    workers = min(2, cfg.runtime.workers if cfg.runtime.workers != "auto" else 2)
+    wall = wall_s(phases, workers)
+    fits = largest_pool(cfg, sizes, measured, args, workers)
+    floor = wall_s([p for p in phases if p[0] in ("SFT warm-up", "profiling", "evaluation")], workers)
+    native, why = native_bf16("cpu")
+    rel = Path(args.config).resolve()
+    lines = [
+        "# Sizing the BFCL ablation (bench/bench_ablation_sizing.py)", "",
+        f"Config: `{rel.relative_to(ROOT) if rel.is_relative_to(ROOT) else rel}`; CPU: {describe_cpu()}; native bf16: "
+        f"{native} ({why}); one torch thread per process.",
+        f"Load average at start {load_start[0]:.2f} / {load_start[1]:.2f} / {load_start[2]:.2f}, at end "
+        f"{load_end[0]:.2f} / {load_end[1]:.2f} / {load_end[2]:.2f} (the machine is shared: the estimate is in CPU "
+        "seconds, the same at load 3 and 7 here; wall seconds are shown beside them).", "",
+        f"BFCL items: {len(items)} ({args.categories}); split (conversation = item): {sizes.get('held_out', 0)} held "
+        f"out ({cfg.training.eval_fraction}), {sizes.get('warmup', 0)} warm-up ({cfg.training.warmup_fraction}), "
+        f"{sizes.get('pool', 0)} pool.", "",
+        "## Prompt and action lengths (tokens, the embedded template with tools)", "",
+        "| category | items | prompt mean | prompt p90 | expert action mean | p90 | max |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {c} | {s['n']} | {s['prompt_mean']:.0f} | {s['prompt_p90']} | {s['action_mean']:.0f} | "
+              f"{s['action_p90']} | {s['action_max']} |" for c, s in stats.items()]
+    lines += ["", "## Timed pieces", "", "| piece | what | wall s | CPU s | per unit (CPU) |", "|---|---|---|---|---|"]
+    for name, key, who in (("profiling sampling", "profile", "warmed"), ("evaluation sampling", "eval", "warmed"),
+                           ("evaluation sampling", "base", "base model")):
+        r = measured["sampling"][key]
+        lines.append(f"| {name} ({who}) | {r['turns']} turns x K={r['k']}, <= {cfg.training.max_completion_length} new "
+                     f"tokens ({r['generated_tokens']} generated, {r['length_share']:.0%} hit the limit), "
+                     f"{cfg.policy.batch_size} rows a step | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
+                     f"{r['s_per_turn']:.2f} s/turn |")
+    g, s, o = measured["grpo"], measured["sft"], measured["ood"]
+    lines += [f"| SFT warm-up (per turn) | {s['steps']} steps x batch {cfg.sft.batch_size} (final loss "
+              f"{s['final_loss']:.3f}) | {s['wall_s']:.1f} | {s['cpu_s']:.1f} | "
+              f"{s['s_per_step_wall'] * s['cpu_per_wall']:.2f} s/step; setup {s['setup_wall_s']:.0f} s wall |",
+              f"| GRPO (warmed) | {g['steps']} steps x {cfg.training.num_generations} completions <= "
+              f"{cfg.training.max_completion_length} tokens (mean {g['completion_mean_length'] or 0:.0f}) | "
+              f"{g['wall_s']:.1f} | {g['cpu_s']:.1f} | {g['s_per_step_wall'] * g['cpu_per_wall']:.2f} s/step; setup "
+              f"{g['setup_wall_s']:.0f} s wall |",
+              f"| OOD probe (warmed) | {o['items']} items, greedy | {o['wall_s']:.1f} | {o['cpu_s']:.1f} | "
+              f"{o['cpu_s'] / o['items']:.2f} s/item |"]
+    lines += ["", f"## Estimate (assumed: D_adv {args.adv_share:.0%}, D_mixed {args.mixed_share:.0%} of the pool)", "",
+              "| phase | CPU min | how |", "|---|---|---|"]
+    lines += [f"| {p} | {sec / 60:.1f} | {how} |" for p, sec, how in phases]
+    total = sum(sec for _, sec, _ in phases)
+    lines += ["", f"**Total {total / 60:.0f} CPU min; with runtime.workers {workers} (arms and evaluations {workers} at a "
+              f"time, the rest on one core) at most about {wall / 60:.0f} min wall on an idle 2-core box, ingest, "
+              f"contracts and exports included.** The largest pool that fits in {args.budget_min:.0f} min at this "
+              f"held-out and warm-up size: {fits} items (the config's: {sizes.get('pool', 0)}). Without any "
+              f"training (the warm-up, profiling and the evaluation alone) it would take {floor / 60:.0f} min; with "
+              f"two busy cores giving 1.5-1.6x one (bench/RESULTS_threads.md) rather than 2x, the parallel phases "
+              f"take up to 1.3x longer."]
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
