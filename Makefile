@@ -51,6 +51,7 @@ demo: setup
 	-$(VENV)/bin/pivot sql policy_comparison
 
 test: setup
+	$(VENV)/bin/ruff check --select F pivot_assets pivot_jobs tests bench definitions.py
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q -x --durations=15
 

@@ -97,7 +97,8 @@ def write_input(path: Path, n_trajectories: int, chunk: int = 10_000) -> None:
 
 def run_loop(inp: Path, out: Path) -> int:
     """The plain-Python baseline: per-trajectory extract_turns over streamed batches, written as Parquet."""
-    from pivot_assets.ingest.turn_extraction import TURNS_SCHEMA, extract_turns
+    from pivot_assets.core.catalog import TURNS_SCHEMA
+    from pivot_assets.ingest.turn_extraction import extract_turns
 
     n = 0
     with pq.ParquetWriter(out, TURNS_SCHEMA) as writer:

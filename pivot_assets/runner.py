@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import dagster as dg
 
 from pivot_assets.core.parallel import process_token
-from pivot_assets.resources import PROCESS_TAG
+from pivot_assets.materialization import PROCESS_TAG
 
 
 def ensure_dagster_home(base_dir: Path) -> Path:
@@ -63,6 +64,20 @@ class RunReport:
     error: str | None = None
 
 
+def print_report(report, label: str = "run") -> bool:
+    """The run's outcome as the lines `pivot run` prints; True when it succeeded."""
+    if not report.success and "Interrupted" in (report.error or ""):
+        raise KeyboardInterrupt  # stopped by a signal: one line from the supervisor (or main), not a run report
+    print(f"{label} {report.run_id}: materialized {', '.join(report.materialized) or 'nothing'}")
+    for check in report.failed_checks:
+        print(f"failed check: {check}")
+    if report.skipped:
+        print(f"not materialized: {', '.join(report.skipped)}")
+    if not report.success:
+        print(f"error: {label} failed: {report.error or 'see the Dagster UI for the run log'}", file=sys.stderr)
+    return report.success
+
+
 def create_pools(instance: dg.DagsterInstance, pools: set[str], attempts: int = 5) -> None:
     """Give each pool the job's steps claim its limit row before the run starts. Dagster inserts that row on a
     step's first claim, and two runs claiming a new pool at once race on the insert in its Postgres storage (one
@@ -90,9 +105,8 @@ def run_assets(defs: dg.Definitions, keys: list[dg.AssetKey], instance: dg.Dagst
     job = defs.resolve_implicit_global_asset_job_def()
     from pivot_assets.curation.contracts import prewarm
 
-    # Great Expectations imports in the background while the first steps run. It imports sqlalchemy.orm, which
-    # Dagster's own instance queries also import lazily: imported here first, the two threads never race on a
-    # half-initialized module (a shard run's first step queries the instance at once; it failed that way).
+    # Great Expectations imports in the background while the first steps run; sqlalchemy.orm, which it and
+    # Dagster's instance queries both import lazily, is imported here first so the two threads never race on it.
     import sqlalchemy.orm  # noqa: F401
 
     prewarm()

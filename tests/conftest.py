@@ -69,6 +69,6 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _no_inherited_pivot_config(monkeypatch):
-    """`build_definitions` exports the config it loaded as $PIVOT_CONFIG (resources read it); within one
-    pytest process that must not leak from one test's project into the next."""
+    """A $PIVOT_CONFIG from the shell would pick every test's config (core/config.py resolution order): each test
+    names its own, or its project's ./pivot.yaml."""
     monkeypatch.delenv("PIVOT_CONFIG", raising=False)

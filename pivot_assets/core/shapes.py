@@ -5,7 +5,7 @@ Message (canonical):  {"role": "system"|"user"|"assistant"|"tool", "content": st
 ToolCall:             {"id": str, "name": str, "arguments": str, "acceptable"?: str|None}
                       # arguments: canonical JSON text; acceptable: canonical JSON of {argument: [accepted values]}
 Tools:                list of OpenAI chat tool schemas {"type": "function", "function": {name, description, parameters}}
-Action (DESIGN.md, NeMo-Gym's expected_action shape):
+Action (NeMo-Gym's expected_action shape):
     {"type": "function_call", "name": str, "arguments": str|dict, "acceptable"?: {argument: [accepted values]}}
     {"type": "message", "content": str}
     {"type": "function_call_batch", "calls": [function_call, ...]}

@@ -8,9 +8,9 @@ from pivot_assets.core.config import PivotConfig
 from pivot_assets.core.ids import canonical_json, short_hash
 from pivot_assets.core.plots import bars_png, markdown_image, save_png
 from pivot_assets.core.warehouse import Warehouse
-from pivot_assets.resources import number_table, publish
+from pivot_assets.materialization import number_table, publish
 
-from .operations import check_table, contract_params, export_set, select_and_write
+from .tables import check_table, contract_params, export_set, select_and_write
 
 GROUP = __package__.rsplit(".", 1)[-1]
 CONTRACT_CHECK = "data_contract"

@@ -15,7 +15,7 @@ HF (`to_hf_dataset`), one row per pivot:
                  conversational prompts with its trainer-wide `tools=` callables) and only passes extra
                  columns to reward functions, so a trainer that must show each pivot's tools renders the
                  prompt itself (pivot_assets/grpo.py does).
-  expert_action  JSON text of the action (DESIGN.md shape).
+  expert_action  JSON text of the action (core/shapes.py).
   turn_id, trajectory_id, domain, message_index, action_kind, pivot_set, selection_rank and the profile
   stats (policy_fp, verifier_fp, k, reward_mean, reward_var, reward_std, n_pass, n_distinct_actions).
 

@@ -1,6 +1,6 @@
 """Pivot selection (Dagster-free): turn profiles -> D_mixed, D_adv, D_cand.
 
-Definitions (PivotRL, arXiv 2603.21383; DESIGN.md):
+Definitions (PivotRL, arXiv 2603.21383, section 3):
     candidates   = profiled turns whose profile has k >= min_k, or fewer samples whose sampling stopped because
                    its membership was settled (stop_reason settled / posterior: adaptive profiling), all profiled
                    turns when min_k is None; and whose expert action is of one of `action_kinds` (every kind

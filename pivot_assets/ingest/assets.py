@@ -4,7 +4,7 @@ import dagster as dg
 
 from pivot_assets.core.config import PivotConfig
 from pivot_assets.core.warehouse import Warehouse
-from pivot_assets.resources import publish, timed
+from pivot_assets.materialization import publish, timed
 
 from .inputs import (action_kind_mix, inputs_fingerprint, resolved_inputs, skipped_files_line, write_ingest,
                      write_turns)

@@ -117,6 +117,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pivot_assets.core.catalog import MESSAGE_TYPE, QUARANTINE_SCHEMA, TRAJECTORY_SCHEMA
 from pivot_assets.core.config import FORMATS
 from pivot_assets.core.ids import canonical_json, short_hash, trajectory_id
 from pivot_assets.core.shapes import ROLES
@@ -128,8 +129,6 @@ CONVERSATION_ID_FIELDS = ("session_id", "task_id", "_ng_task_index")
 MAX_RECORD_BYTES = 8 * 1024 * 1024  # a text record larger than this is quarantined unparsed
 RAW_CAP = 4096  # characters of raw text kept on a quarantine row
 PARQUET_BATCH_ROWS = 512
-
-from pivot_assets.core.catalog import MESSAGE_TYPE, QUARANTINE_SCHEMA, TOOL_CALL_TYPE, TRAJECTORY_SCHEMA  # noqa: E402
 
 
 class RecordError(ValueError):
@@ -762,7 +761,7 @@ def _reasoning_text(item: dict, where: str) -> str:
 
 
 def _expected_action_message(action: Any) -> dict:
-    """NeMo-Gym's expected_action (DESIGN.md action shape) -> the final assistant message."""
+    """NeMo-Gym's expected_action (core/shapes.py's action shape) -> the final assistant message."""
     where = "expected_action"
     if not isinstance(action, dict):
         raise RecordError("wrong_type", f"{where} is {type(action).__name__}")

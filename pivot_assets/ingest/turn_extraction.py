@@ -1,7 +1,7 @@
 """Turn extraction: one row per assistant message of every trajectory (Dagster-free).
 
 A turn is (state = every message before an assistant message, plus the trajectory's tools; action = that
-assistant message as a DESIGN.md action). The state is never copied per turn: `state_for_turn` (Python) and
+assistant message as an action of core/shapes.py). The state is never copied per turn: `state_for_turn` (Python) and
 the `turn_state` / `turn_state_of` DuckDB macros (sql/turn_macros.sql) rebuild it from
 `trajectories.messages[:message_index]`, so storage grows linearly with trajectory length.
 
@@ -24,12 +24,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pyarrow as pa
-
+from pivot_assets.core.catalog import SQL_DIR
 from pivot_assets.core.ids import canonical_json, turn_id
 from pivot_assets.core.shapes import action_from_message, action_tool_names, rebuild_state
-
-from pivot_assets.core.catalog import SQL_DIR, TURNS_SCHEMA  # noqa: E402
 
 state_for_turn = rebuild_state  # (messages, message_index) -> the messages before the turn's assistant message
 

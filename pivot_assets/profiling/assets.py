@@ -20,7 +20,7 @@ import dagster as dg
 from pivot_assets.core.config import PivotConfig
 from pivot_assets.core.plots import histogram_png, markdown_image, save_png
 from pivot_assets.core.warehouse import Warehouse
-from pivot_assets.resources import number_table, publish, require_only_run_of_shard, reused_figures, timed
+from pivot_assets.materialization import number_table, publish, require_only_run_of_shard, reused_figures, timed
 from pivot_assets.verifiers import DomainVerifiers
 
 from .profiler import SFT_MODEL, Profiler, policy_version, profiles_version

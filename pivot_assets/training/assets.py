@@ -11,7 +11,7 @@ from pivot_assets.core.config import PivotConfig
 from pivot_assets.core.ids import canonical_json, short_hash
 from pivot_assets.core.plots import lines_png, markdown_image, save_png
 from pivot_assets.core.warehouse import Warehouse
-from pivot_assets.resources import publish
+from pivot_assets.materialization import publish
 from pivot_assets.verifiers import DomainVerifiers
 
 from .evaluation import eval_table, evaluate_policies

@@ -469,7 +469,7 @@ def prepare_expected(expected: Any) -> tuple[Parsed | None, str | None]:
 
 
 def parsed_to_action(parsed: Parsed) -> dict:
-    """Internal parsed form -> action dict in the DESIGN.md shape (arguments as canonical JSON text)."""
+    """Internal parsed form -> action dict in core/shapes.py's shape (arguments as canonical JSON text)."""
     if parsed.kind == "text":
         return {"type": "message", "content": parsed.text}
     calls = [{"type": "function_call", "name": c.name, "arguments": c.key} for c in parsed.calls]

@@ -16,7 +16,7 @@ from pivot_assets.core.config import PivotConfig, PivotsSection
 from pivot_assets.core.ids import seeded_unit
 from pivot_assets.core.warehouse import Warehouse
 from pivot_assets.curation import exports
-from pivot_assets.curation.operations import export_set, select_and_write
+from pivot_assets.curation.tables import export_set, select_and_write
 from pivot_assets.ingest.formats import iter_ingest
 from pivot_assets.ingest.inputs import write_ingest, write_turns
 

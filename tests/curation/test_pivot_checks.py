@@ -1,7 +1,6 @@
 """The pivot sets as Dagster assets: the funnel adds up in SQL, and a corrupted upstream table makes the
 blocking data contract fail so the downstream asset is not materialized."""
 
-import json
 
 import dagster as dg
 import duckdb

@@ -86,11 +86,11 @@ def test_sigterm_stops_pivot_run_and_a_rerun_resumes(tmp_path, embedded_model_di
 SWALLOWED = r"""
 import gc, signal, sys, time, weakref
 from dagster._core.errors import DagsterExecutionInterruptedError
-from pivot_assets import cli
+from pivot_assets import supervisor
 
-signal.signal(signal.SIGTERM, cli._raise_interrupt)  # as in a supervised worker
+signal.signal(signal.SIGTERM, supervisor.raise_interrupt)  # as in a supervised worker
 if sys.argv[1] == "redeliver":
-    cli.redeliver_swallowed_interrupts()
+    supervisor.redeliver_swallowed_interrupts()
 
 class Node:
     pass

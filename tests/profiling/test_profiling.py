@@ -1,7 +1,6 @@
 """Profiling with the embedded policy: turns x K rollouts, cached, resumable after kill -9, and a verifier
 change re-scores everything without generating a token."""
 
-import json
 import sys
 from pathlib import Path
 
@@ -93,7 +92,7 @@ def test_kill_9_mid_rollouts_then_resume(project):
 def test_profile_real_shared_data(tmp_path, monkeypatch, embedded_model_dir, shared_data_dir):
     """Real NeMo-Gym rollouts + a tau2 airline run, profiled by the embedded policy: turns x K, then cached."""
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
-    monkeypatch.delenv("PIVOT_CONFIG", raising=False)  # build_definitions exports the config it loaded
+    monkeypatch.delenv("PIVOT_CONFIG", raising=False)  # the project's ./pivot.yaml, not the shell's config
     monkeypatch.chdir(tmp_path)
     (tmp_path / "pivot.yaml").write_text(
         "warehouse: ./wh\ninputs:\n"

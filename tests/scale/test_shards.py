@@ -176,7 +176,7 @@ def test_a_run_whose_process_is_gone_no_longer_blocks_its_shard(tmp_path, monkey
     from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
 
     from pivot_assets.core.parallel import process_token
-    from pivot_assets.resources import PROCESS_TAG
+    from pivot_assets.materialization import PROCESS_TAG
     from pivot_assets.runner import run_assets
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))

@@ -10,7 +10,7 @@ import yaml
 from pivot_assets.core.config import load_config
 from pivot_assets.core.split import HELD_OUT, POOL, WARMUP, ConversationSplit
 from pivot_assets.core.warehouse import Warehouse
-from pivot_assets.curation.operations import select_and_write
+from pivot_assets.curation.tables import select_and_write
 from pivot_assets.training.ablation import arm_pool, cand_overlap, pool_trajectories
 
 N = 300  # trajectories, one turn each, 3 per conversation

@@ -1,5 +1,5 @@
-"""Curation as the assets and the CLI call it (Dagster-free): one selection writing every pivot set and the
-selection log, data contracts over materialized tables, and pivot-set exports."""
+"""Curation over the warehouse's tables, as the assets and the CLI call it (Dagster-free): one selection writing
+every pivot set and the selection log, a table's data contract where the table is, a pivot set's export."""
 
 from __future__ import annotations
 
@@ -20,10 +20,6 @@ def select_and_write(wh: Warehouse, pivots: PivotsSection) -> dict[str, int]:
         wh.write_table(table, result[table].to_arrow())
     wh.write_table(SELECTION_LOG, result["selection_log"].to_arrow())
     return funnel_counts(result)
-
-
-def pass_rates(wh: Warehouse, table: str = "turn_profiles") -> list[float]:
-    return wh.read(table, ["reward_mean"])["reward_mean"].to_list()
 
 
 def contract_params(cfg: PivotConfig) -> dict:

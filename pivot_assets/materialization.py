@@ -1,6 +1,6 @@
-"""What every stage's assets.py shares: publishing a table to Dagster (views, row count, preview, data version)
-and timing. The config itself is no resource: `pipeline.build_definitions` parses pivot.yaml once and hands
-the typed object to every stage's `build_assets(cfg)`, so code versions and asset bodies read the same values."""
+"""What every stage's assets.py uses when it materializes: publishing a table to Dagster (views, row count,
+preview, data version), timing the work, the figures a cached rerun reused, and the guard that keeps one run in
+flight per shard."""
 
 from __future__ import annotations
 
