@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_serializer,
+                      model_validator)
 
 InputFormat = Literal["auto", "openai", "responses", "tau2", "sharegpt", "bfcl", "bfcl_multi_turn"]
 FORMATS = get_args(InputFormat)  # the input formats (ingest/formats.py describes each)
@@ -27,6 +28,47 @@ class ConfigError(ValueError):
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# A verifier: its name, or {name: ..., **its parameters} (verifiers/registry.py checks both when the sets are built)
+VerifierSpec = str | dict[str, Any]
+
+
+def _spec(v):
+    if not isinstance(v, (str, dict)):
+        raise ValueError(f"a verifier is a name or a mapping with a 'name', got {v!r:.60}")
+    return v
+
+
+class VerifierSection(_Strict):
+    """A verifier set: a default verifier and optional per-domain ones. The shape of `verifier:`,
+    training.reward_verifier and ablation.exact_verifier; the specs are built and checked, as config errors, where
+    the verifier sets are resolved (verifiers/sets.py: core does not import the verifiers)."""
+
+    default: VerifierSpec = Field(default_factory=lambda: {"name": "tool_call"})
+    domains: dict[str, VerifierSpec] = Field(default_factory=dict)
+
+    @field_validator("default", mode="before")
+    @classmethod
+    def _default_spec(cls, v):
+        return _spec({"name": "tool_call"} if v is None else v)
+
+    @field_validator("domains", mode="before")
+    @classmethod
+    def _domain_specs(cls, v):
+        if v is None:
+            return {}
+        if not isinstance(v, dict):
+            raise ValueError("must map domain names to verifiers")
+        return {d: _spec(spec) for d, spec in v.items()}
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        """No empty `domains`: a section dumps as a config that sets none was written (identities hash the dump)."""
+        data = handler(self)
+        if not data.get("domains"):
+            data.pop("domains", None)
+        return data
 
 
 class InputSpec(_Strict):
@@ -126,7 +168,7 @@ class TrainingSection(_Strict):
     dtype: Dtype = "auto"  # GRPO training precision; auto: bf16 autocast only where native
     grpo: dict[str, Any] = Field(default_factory=dict)
     # GRPO's reward verifier (the shape of the top-level `verifier:` section); null: the profiling verifier.
-    reward_verifier: dict[str, Any] | None = None
+    reward_verifier: VerifierSection | None = None
     # -- evaluation only (never retrains; training/runs.EVAL_ONLY) --
     # Evaluation draws are seeded per turn by seeded_int("pivot-eval", eval_seed) (training/runs.eval_seed),
     # a stream apart from profiling's policy.seed, and the same for every policy evaluated.
@@ -142,13 +184,6 @@ class TrainingSection(_Strict):
             raise ValueError(f"warmup_fraction {self.warmup_fraction} + eval_fraction {self.eval_fraction} leave no "
                              "training pool (their sum must be below 1)")
         return self
-
-    @field_validator("reward_verifier")
-    @classmethod
-    def _reward_verifier_shape(cls, v):
-        if v is not None and set(v) - {"default", "domains"}:
-            raise ValueError(f"unknown key {sorted(set(v) - {'default', 'domains'})[0]!r} (expected 'default' or 'domains')")
-        return v
 
 
 ARMS = ("grpo_adv", "grpo_cand", "grpo_mixed", "grpo_adv_exact", "sft_same_data")
@@ -168,7 +203,7 @@ class AblationSection(_Strict):
     # Passes over an arm's pool (its pivot set in the training pool): steps = ceil(epochs x steps per pass).
     epochs: float = Field(1.0, ge=1.0)
     primary: EVAL_SET_NAMES = "profiled"  # the evaluation set the headline (ablation_table) reads
-    exact_verifier: dict[str, Any] = Field(default_factory=lambda: {"default": {"name": "exact"}})
+    exact_verifier: VerifierSection = Field(default_factory=lambda: VerifierSection(default={"name": "exact"}))
     sft_learning_rate: float | None = Field(None, gt=0)  # the same-data SFT arm; null: sft.learning_rate
 
     @model_validator(mode="before")
@@ -249,7 +284,7 @@ class PivotConfig(_Strict):
     inputs: list[InputSpec] | None = None
     sample: SampleSection = Field(default_factory=SampleSection)
     policy: PolicySection = Field(default_factory=PolicySection)
-    verifier: dict[str, Any] = Field(default_factory=lambda: {"default": {"name": "tool_call"}})
+    verifier: VerifierSection = Field(default_factory=VerifierSection)
     pivots: PivotsSection = Field(default_factory=PivotsSection)
     training: TrainingSection = Field(default_factory=TrainingSection)
     sft: SFTSection = Field(default_factory=SFTSection)
@@ -259,6 +294,12 @@ class PivotConfig(_Strict):
     ablation: AblationSection | None = None  # present: the ablation_results asset and `ablation_job` run it
     # Directory the relative paths above are resolved against (the config file's folder).
     base_dir: str = "."
+    _source: str = PrivateAttr("built-in defaults")  # what config errors found after loading name (load_config sets it)
+
+    @property
+    def source(self) -> str:
+        """The config file this was loaded from (or "built-in defaults"): the start of a config error's line."""
+        return self._source
 
     @model_validator(mode="after")
     def _ray_seeds_per_sample(self):
@@ -281,14 +322,6 @@ class PivotConfig(_Strict):
                 raise ValueError(f"{v!r}: a warehouse is a local dir or s3://bucket/prefix")
             parse_s3_uri(v)
             return v.rstrip("/")
-        return v
-
-    @field_validator("verifier")
-    @classmethod
-    def _verifier_shape(cls, v: dict) -> dict:
-        unknown = set(v) - {"default", "domains"}
-        if unknown:
-            raise ValueError(f"unknown key {sorted(unknown)[0]!r} (expected 'default' or 'domains')")
         return v
 
     # -- resolved paths -------------------------------------------------------------------
@@ -367,4 +400,5 @@ def load_config(path: str | os.PathLike | None = None, *, overrides: dict | None
     except ValidationError as e:
         raise ConfigError(_format_validation_error(e, source)) from None
     _check_inputs(cfg, source)
+    cfg._source = source
     return cfg

@@ -529,13 +529,15 @@ class Profiler:
         self.prior: adaptive_rule.Prior | None = None  # the posterior rule's prior, once profile() fitted it
 
     @classmethod
-    def for_config(cls, cfg: "PivotConfig", verifiers=None, shard: int | None = None) -> "Profiler":
-        """The Profiler of one shard (or of the whole table when scale.shards is 1) under this config."""
+    def for_config(cls, cfg: "PivotConfig", verifiers=None, shard: int | None = None,
+                   wh: Warehouse | None = None) -> "Profiler":
+        """The Profiler of one shard (or of the whole table when scale.shards is 1) under this config; the
+        pipeline passes its resolved warehouse and profiling verifiers, a Ray job resolves its own."""
         if verifiers is None and cfg.profiling.adaptive.enabled:  # adaptive generation scores between rounds
-            from pivot_assets.verifiers import DomainVerifiers
+            from pivot_assets.verifiers import VerifierSets
 
-            verifiers = DomainVerifiers(cfg.verifier)
-        return cls(Warehouse(cfg.warehouse_dir), cfg.policy, verifiers, cfg.runtime.threads, shard=shard,
+            verifiers = VerifierSets.from_config(cfg).profiling
+        return cls(wh or Warehouse(cfg.warehouse_dir), cfg.policy, verifiers, cfg.runtime.threads, shard=shard,
                    shards=cfg.scale.shards, seeding=cfg.profiling.seeding, adaptive=cfg.profiling.adaptive,
                    lambda_diff=cfg.pivots.lambda_diff, split=ConversationSplit.from_config(cfg))
 
