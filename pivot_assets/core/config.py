@@ -16,9 +16,12 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_serializer,
                       model_validator)
 
+from pivot_assets.core.identity import EVALUATION, PIVOTS, ROLLOUTS, SAMPLING, SFT, TRAINING, In
+
 InputFormat = Literal["auto", "openai", "responses", "tau2", "sharegpt", "bfcl", "bfcl_multi_turn"]
 FORMATS = get_args(InputFormat)  # the input formats (ingest/formats.py describes each)
 Dtype = Literal["auto", "float32", "bfloat16"]
+LAMBDA_DIFF = 0.6  # pivots.lambda_diff's default: the one source (contracts and the profiler's defaults read it)
 STATE_DIR = ".warehouse-state"  # beside the config: the local state of s3:// warehouses, one dir per bucket/prefix
 
 
@@ -83,18 +86,18 @@ class InputSpec(_Strict):
 
 
 class PolicySection(_Strict):
-    backend: Literal["transformers", "vllm", "openai"] = "transformers"
-    model: str = "embedded"
-    base_url: str | None = None
+    backend: Annotated[Literal["transformers", "vllm", "openai"], In(ROLLOUTS)] = "transformers"
+    model: Annotated[str, In(ROLLOUTS)] = "embedded"
+    base_url: Annotated[str | None, In(ROLLOUTS)] = None
     api_key_env: str | None = None
-    k: int = Field(8, ge=1)
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_new_tokens: int = Field(256, ge=1)
-    seed: int = 0
-    limit_turns: int | None = Field(None, ge=1)
+    k: Annotated[int, In(ROLLOUTS, SAMPLING)] = Field(8, ge=1)
+    temperature: Annotated[float, In(ROLLOUTS, SAMPLING)] = Field(1.0, ge=0.0)
+    top_p: Annotated[float, In(ROLLOUTS, SAMPLING)] = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: Annotated[int, In(ROLLOUTS, SAMPLING)] = Field(256, ge=1)
+    seed: Annotated[int, In(ROLLOUTS, SAMPLING)] = 0
+    limit_turns: Annotated[int | None, In(ROLLOUTS)] = Field(None, ge=1)
     dtype: Dtype = "auto"  # auto: bf16 only where the device runs it natively (core/hardware.py)
-    device: str = "cpu"  # cpu | cuda | cuda:N (transformers backend; vllm: cpu or cuda)
+    device: Annotated[str, In(ROLLOUTS)] = "cpu"  # cpu | cuda | cuda:N (transformers backend; vllm: cpu or cuda)
     batch_size: int = Field(64, ge=1)  # decode rows (turns x K) per engine call, and per rollouts part
     # vllm backend: extra vllm.LLM arguments (enforce_eager, max_model_len, kv_cache_memory_bytes, block_size, ...);
     # speed and memory knobs, so not part of the policy identity
@@ -102,11 +105,11 @@ class PolicySection(_Strict):
     concurrency: int = Field(8, ge=1)
     # auto (the model's own template when it renders tools; the embedded Hermes one for the embedded model or a
     # model whose template drops tools) | embedded | model | PATH of a Jinja file (policies/models.py)
-    chat_template: str = "auto"
+    chat_template: Annotated[str, In(ROLLOUTS)] = "auto"
     # keep: the thought stays in the completion (the verifier skips it) | strip: a closed thought is cut before
     # storing | off: the template's enable_thinking=False switch (policies/thinking.py)
-    thinking: Literal["keep", "strip", "off"] = "keep"
-    thinking_budget: int | None = Field(None, ge=1)  # tokens of thought before </think> is forced (transformers)
+    thinking: Annotated[Literal["keep", "strip", "off"], In(ROLLOUTS)] = "keep"
+    thinking_budget: Annotated[int | None, In(ROLLOUTS)] = Field(None, ge=1)  # tokens of thought before </think> is forced (transformers)
 
 
 class AdaptiveSection(_Strict):
@@ -141,42 +144,42 @@ class ProfilingSection(_Strict):
 
 
 class PivotsSection(_Strict):
-    lambda_diff: float = Field(0.6, ge=0.0, le=1.0)
-    max_per_trajectory: int | None = Field(None, ge=1)
-    cand_size: int | None = Field(None, ge=0)
-    seed: int = 0
-    min_k: int | None = Field(None, ge=1)
-    domain_quotas: dict[str, Annotated[int, Field(ge=0)]] | None = None
+    lambda_diff: Annotated[float, In(PIVOTS)] = Field(LAMBDA_DIFF, ge=0.0, le=1.0)
+    max_per_trajectory: Annotated[int | None, In(PIVOTS)] = Field(None, ge=1)
+    cand_size: Annotated[int | None, In(PIVOTS)] = Field(None, ge=0)
+    seed: Annotated[int, In(PIVOTS)] = 0
+    min_k: Annotated[int | None, In(PIVOTS)] = Field(None, ge=1)
+    domain_quotas: Annotated[dict[str, Annotated[int, Field(ge=0)]] | None, In(PIVOTS)] = None
     # Only turns whose expert action is of these kinds become candidates (e.g. [tool_call, tool_call_batch]
     # keeps replies out of the pivot sets when no judge can check them); null: every kind.
-    action_kinds: list[Literal["tool_call", "message", "tool_call_batch"]] | None = None
+    action_kinds: Annotated[list[Literal["tool_call", "message", "tool_call_batch"]] | None, In(PIVOTS)] = None
 
 
 class TrainingSection(_Strict):
-    set: Literal["adv", "mixed", "cand"] = "adv"
-    init: Literal["sft", "reference"] = "sft"
-    steps: int = Field(50, ge=1)
-    num_generations: int = Field(8, ge=2)
-    learning_rate: float = Field(1.0e-6, gt=0)
-    max_completion_length: int = Field(256, ge=1)
-    eval_fraction: float = Field(0.1, ge=0.0, lt=1.0)
+    set: Annotated[Literal["adv", "mixed", "cand"], In(TRAINING)] = "adv"
+    init: Annotated[Literal["sft", "reference"], In(TRAINING)] = "sft"
+    steps: Annotated[int, In(TRAINING)] = Field(50, ge=1)
+    num_generations: Annotated[int, In(TRAINING)] = Field(8, ge=2)
+    learning_rate: Annotated[float, In(TRAINING)] = Field(1.0e-6, gt=0)
+    max_completion_length: Annotated[int, In(TRAINING, EVALUATION)] = Field(256, ge=1)
+    eval_fraction: Annotated[float, In(TRAINING, EVALUATION)] = Field(0.1, ge=0.0, lt=1.0)
     # Conversations only the SFT warm-up trains on; profiling skips them, so the reference never profiles what
     # it was trained on (the three-way split, core/split.py). 0: warm-up / pool are one side (the two-way split).
-    warmup_fraction: float = Field(0.0, ge=0.0, lt=1.0)
-    eval_k: int = Field(4, ge=1)
-    seed: int = 0
-    dtype: Dtype = "auto"  # GRPO training precision; auto: bf16 autocast only where native
-    grpo: dict[str, Any] = Field(default_factory=dict)
+    warmup_fraction: Annotated[float, In(TRAINING)] = Field(0.0, ge=0.0, lt=1.0)
+    eval_k: Annotated[int, In(EVALUATION)] = Field(4, ge=1)
+    seed: Annotated[int, In(TRAINING, EVALUATION)] = 0
+    dtype: Annotated[Dtype, In(TRAINING)] = "auto"  # GRPO training precision; auto: bf16 autocast only where native
+    grpo: Annotated[dict[str, Any], In(TRAINING)] = Field(default_factory=dict)
     # GRPO's reward verifier (the shape of the top-level `verifier:` section); null: the profiling verifier.
-    reward_verifier: VerifierSection | None = None
-    # -- evaluation only (never retrains; training/runs.EVAL_ONLY) --
+    reward_verifier: Annotated[VerifierSection | None, In(TRAINING)] = None
+    # -- evaluation only (never retrains: EVALUATION, not TRAINING; core/identity.py) --
     # Evaluation draws are seeded per turn by seeded_int("pivot-eval", eval_seed) (training/runs.eval_seed),
     # a stream apart from profiling's policy.seed, and the same for every policy evaluated.
-    eval_seed: int = 0
-    eval_max_turns: int | None = Field(None, ge=1)  # cap on held-out profiled turns evaluated (seeded hash order)
-    bootstrap: int = Field(1000, ge=100)  # bootstrap resamples (over turns / probe items) for the 95% intervals
-    ood_probe: str | None = None  # JSONL file or HF dataset dir of {prompt, answer, kind}; null: the built-in probe
-    ood_max_items: int | None = Field(None, ge=1)  # evaluate the first N probe items (seeded order); null: all
+    eval_seed: Annotated[int, In(EVALUATION)] = 0
+    eval_max_turns: Annotated[int | None, In(EVALUATION)] = Field(None, ge=1)  # cap on held-out profiled turns evaluated (seeded hash order)
+    bootstrap: Annotated[int, In(EVALUATION)] = Field(1000, ge=100)  # bootstrap resamples (over turns / probe items) for the 95% intervals
+    ood_probe: Annotated[str | None, In(EVALUATION)] = None  # JSONL file or HF dataset dir of {prompt, answer, kind}; null: the built-in probe
+    ood_max_items: Annotated[int | None, In(EVALUATION)] = Field(None, ge=1)  # evaluate the first N probe items (seeded order); null: all
 
     @model_validator(mode="after")
     def _split_leaves_a_pool(self):
@@ -223,16 +226,16 @@ class AblationSection(_Strict):
 
 
 class SFTSection(_Strict):
-    steps: int = Field(12, ge=1)
-    learning_rate: float = Field(1.0e-4, gt=0)
-    batch_size: int = Field(2, ge=1)
-    max_length: int = Field(1024, ge=16)
-    dtype: Dtype = "auto"  # bf16 autocast only where native (core/hardware.py)
-    seed: int = 0
+    steps: Annotated[int, In(SFT)] = Field(12, ge=1)
+    learning_rate: Annotated[float, In(SFT)] = Field(1.0e-4, gt=0)
+    batch_size: Annotated[int, In(SFT)] = Field(2, ge=1)
+    max_length: Annotated[int, In(SFT)] = Field(1024, ge=16)
+    dtype: Annotated[Dtype, In(SFT)] = "auto"  # bf16 autocast only where native (core/hardware.py)
+    seed: Annotated[int, In(SFT)] = 0
     # What one example is: `trajectory` (the whole conversation, its start kept), `turn` (one turn's state, cut
     # from the left to fit, + its expert action), or `auto` (the whole trajectory when it fits in max_length,
     # else one example per turn).
-    examples: Literal["auto", "trajectory", "turn"] = "auto"
+    examples: Annotated[Literal["auto", "trajectory", "turn"], In(SFT)] = "auto"
 
 
 class RuntimeSection(_Strict):

@@ -5,7 +5,7 @@ import dagster as dg
 
 from pivot_assets.core.catalog import BLOCKING_TABLES, CONTRACT_TABLES, PIVOT_TABLES, SELECTION_LOG, SET_TABLES
 from pivot_assets.core.config import PivotConfig
-from pivot_assets.core.ids import canonical_json, short_hash
+from pivot_assets.core.identity import pivots_version
 from pivot_assets.core.plots import bars_png, markdown_image, save_png
 from pivot_assets.core.warehouse import Warehouse
 from pivot_assets.resources import number_table, publish
@@ -37,7 +37,7 @@ def build_pivot_sets_asset(cfg: PivotConfig, wh: Warehouse):
     @dg.multi_asset(
         specs=[
             dg.AssetSpec(name, deps=["turn_profiles", "turns"], group_name=GROUP, description=text,
-                         code_version=short_hash(canonical_json(cfg.pivots.model_dump())), kinds={"parquet", "duckdb"})
+                         code_version=pivots_version(cfg.pivots), kinds={"parquet", "duckdb"})
             for name, text in PIVOT_SET_DOCS.items()
         ],
         can_subset=False,

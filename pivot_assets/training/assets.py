@@ -8,7 +8,7 @@ import pyarrow as pa
 
 from pivot_assets.core.catalog import SET_TABLES
 from pivot_assets.core.config import PivotConfig
-from pivot_assets.core.ids import canonical_json, short_hash
+from pivot_assets.core.identity import eval_identity, fingerprint
 from pivot_assets.core.plots import lines_png, markdown_image, save_png
 from pivot_assets.core.warehouse import Warehouse
 from pivot_assets.resources import publish
@@ -39,7 +39,7 @@ def run_metadata(result: dict) -> dict:
 
 def build_sft_asset(cfg: PivotConfig, wh: Warehouse):
     @dg.asset(deps=["trajectories"], group_name=GROUP, kinds={"pytorch"},
-              code_version=short_hash(canonical_json(sft_identity(cfg))))
+              code_version=fingerprint(sft_identity(cfg)))
     def sft_policy(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         """SmolLM2 fine-tuned on the expert turns (assistant tokens only), held-out trajectories excluded:
         the warm-up reference policy and the same-data SFT baseline."""
@@ -59,7 +59,7 @@ def build_grpo_asset(cfg: PivotConfig, wh: Warehouse, reward: DomainVerifiers):
     init_deps = ["sft_policy"] if cfg.training.init == "sft" else []
 
     @dg.asset(deps=[HF_EXPORT, *init_deps], group_name=GROUP, kinds={"pytorch"},
-              code_version=short_hash(canonical_json(training_identity(cfg))))
+              code_version=fingerprint(training_identity(cfg)))
     def grpo_run(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         """TRL GRPOTrainer on the pivot set, one short turn per sample, rewarded by the local verifier."""
         result = run_local_grpo(wh, cfg, reward, context.log.info)
@@ -84,14 +84,6 @@ def eval_deps(cfg: PivotConfig) -> list[str]:
     return ["turns", "turn_profiles", "pivots_mixed", "pivots_adv", *models]
 
 
-def eval_identity(cfg: PivotConfig) -> list:
-    """pivot_eval's code version: the evaluation-only keys (and what the split and sampling depend on)."""
-    from .runs import EVAL_ONLY
-
-    return [{k: getattr(cfg.training, k) for k in EVAL_ONLY}, cfg.training.max_completion_length,
-            cfg.training.eval_fraction, cfg.training.seed]
-
-
 def comparison_markdown(rows: list[dict]) -> str:
     from .evaluation import fmt_interval
 
@@ -102,7 +94,7 @@ def comparison_markdown(rows: list[dict]) -> str:
 
 def build_eval_asset(cfg: PivotConfig, wh: Warehouse, verifiers: DomainVerifiers):
     @dg.asset(deps=["grpo_run", *eval_deps(cfg)], group_name=GROUP, kinds={"duckdb"},
-              code_version=short_hash(canonical_json(eval_identity(cfg))))
+              code_version=fingerprint(eval_identity(cfg.training)))
     def pivot_eval(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         """Local accuracy (mean verifier reward over eval_k fresh samples, evaluation seeds apart from profiling's)
         on fixed held-out sets (all profiled turns, D_mixed, D_adv) and OOD-probe accuracy, for the base model,
@@ -126,10 +118,10 @@ def build_ablation_asset(cfg: PivotConfig, wh: Warehouse, verifiers: VerifierSet
     sets = sorted({SET_TABLES[ARM_SPECS[a][1]] for a in cfg.ablation.arms})
     init_deps = ["sft_policy"] if "sft" in (cfg.training.init, cfg.policy.model) else []
     identity = {"ablation": cfg.ablation.model_dump(), "training": training_identity(cfg), "sft": sft_identity(cfg),
-                "eval": eval_identity(cfg)}
+                "eval": eval_identity(cfg.training)}
 
     @dg.asset(deps=sorted({"trajectories", *sets, *eval_deps(cfg), *init_deps}), group_name=GROUP,
-              kinds={"pytorch", "duckdb"}, tags=ABLATION_TAGS, code_version=short_hash(canonical_json(identity)))
+              kinds={"pytorch", "duckdb"}, tags=ABLATION_TAGS, code_version=fingerprint(identity))
     def ablation_results(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         """The paper's ablation: GRPO on D_adv / D_cand / D_mixed, GRPO on D_adv with the exact-match reward and
         same-data SFT, from one init with one update budget, once per ablation seed; evaluated with the base
