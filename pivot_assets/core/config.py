@@ -3,6 +3,7 @@
 Resolution order: an explicit path (`--config FILE`), else $PIVOT_CONFIG, else ./pivot.yaml if present,
 else the built-in defaults (embedded synthetic sample, ./warehouse). Relative paths in the file are
 relative to the file itself. Every error is a `ConfigError` with a one-line message naming the key or path.
+A field's `In(...)` marker names the identities (code versions, cache keys) it belongs to: core/identity.py.
 """
 
 from __future__ import annotations
@@ -109,7 +110,8 @@ class PolicySection(_Strict):
     # keep: the thought stays in the completion (the verifier skips it) | strip: a closed thought is cut before
     # storing | off: the template's enable_thinking=False switch (policies/thinking.py)
     thinking: Annotated[Literal["keep", "strip", "off"], In(ROLLOUTS)] = "keep"
-    thinking_budget: Annotated[int | None, In(ROLLOUTS)] = Field(None, ge=1)  # tokens of thought before </think> is forced (transformers)
+    # tokens of thought before </think> is forced (transformers)
+    thinking_budget: Annotated[int | None, In(ROLLOUTS)] = Field(None, ge=1)
 
 
 class AdaptiveSection(_Strict):
@@ -176,10 +178,14 @@ class TrainingSection(_Strict):
     # Evaluation draws are seeded per turn by seeded_int("pivot-eval", eval_seed) (training/runs.eval_seed),
     # a stream apart from profiling's policy.seed, and the same for every policy evaluated.
     eval_seed: Annotated[int, In(EVALUATION)] = 0
-    eval_max_turns: Annotated[int | None, In(EVALUATION)] = Field(None, ge=1)  # cap on held-out profiled turns evaluated (seeded hash order)
-    bootstrap: Annotated[int, In(EVALUATION)] = Field(1000, ge=100)  # bootstrap resamples (over turns / probe items) for the 95% intervals
-    ood_probe: Annotated[str | None, In(EVALUATION)] = None  # JSONL file or HF dataset dir of {prompt, answer, kind}; null: the built-in probe
-    ood_max_items: Annotated[int | None, In(EVALUATION)] = Field(None, ge=1)  # evaluate the first N probe items (seeded order); null: all
+    # cap on held-out profiled turns evaluated (seeded hash order)
+    eval_max_turns: Annotated[int | None, In(EVALUATION)] = Field(None, ge=1)
+    # bootstrap resamples (over turns / probe items) for the 95% intervals
+    bootstrap: Annotated[int, In(EVALUATION)] = Field(1000, ge=100)
+    # JSONL file or HF dataset dir of {prompt, answer, kind}; null: the built-in probe
+    ood_probe: Annotated[str | None, In(EVALUATION)] = None
+    # evaluate the first N probe items (seeded order); null: all
+    ood_max_items: Annotated[int | None, In(EVALUATION)] = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _split_leaves_a_pool(self):

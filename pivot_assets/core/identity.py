@@ -30,7 +30,8 @@ from pydantic import BaseModel
 from .hardware import resolve_dtype
 from .ids import canonical_json, short_hash
 
-ROLLOUTS, SAMPLING, PIVOTS, SFT, TRAINING, EVALUATION = "rollouts", "sampling", "pivots", "sft", "training", "evaluation"
+ROLLOUTS, SAMPLING, PIVOTS = "rollouts", "sampling", "pivots"
+SFT, TRAINING, EVALUATION = "sft", "training", "evaluation"
 
 
 class In:
