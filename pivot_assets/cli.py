@@ -133,10 +133,10 @@ def _print_relation(rel, fmt: str) -> None:
 
 
 def cmd_verify(args) -> int:
-    from pivot_assets.verifiers import DomainVerifiers, verify_jsonl
+    from pivot_assets.verifiers import VerifierSets, verify_jsonl
 
     cfg = _config(args)
-    verifiers = DomainVerifiers(cfg.verifier)
+    verifiers = VerifierSets.from_config(cfg).profiling
     source = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8", errors="surrogateescape")
     with source:
         counts = verify_jsonl(source, sys.stdout, verifiers, verifier_name=args.verifier)
@@ -145,10 +145,12 @@ def cmd_verify(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from pivot_assets.curation.tables import check_tables
+    from pivot_assets.core.warehouse import Warehouse
+    from pivot_assets.curation.tables import check_tables, contract_params
 
+    cfg = _config(args)
     ok = True
-    for table, result in check_tables(_config(args), args.table):
+    for table, result in check_tables(Warehouse(cfg.warehouse_dir), contract_params(cfg), args.table):
         print(f"{table}: {'PASS' if result.success else 'FAIL'}")
         if not result.success:
             ok = False
@@ -157,9 +159,10 @@ def cmd_check(args) -> int:
 
 
 def cmd_export(args) -> int:
+    from pivot_assets.core.warehouse import Warehouse
     from pivot_assets.curation.tables import export_set
 
-    path = export_set(_config(args), args.set, args.format, Path(args.out))
+    path = export_set(Warehouse(_config(args).warehouse_dir), args.set, args.format, Path(args.out))
     print(path)
     return 0
 

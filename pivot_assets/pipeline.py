@@ -1,8 +1,10 @@
 """Builds the Dagster definitions from one parsed pivot.yaml.
 
-The config is parsed once, here; every stage's `build_assets(cfg)` takes that typed object and its assets
-close over it, so code versions (computed from the config at load) and asset bodies (run with it) can never
-disagree. Editing pivot.yaml takes effect on the usual code-location reload (or the next `pivot` command).
+The config is parsed once, here, and the objects every stage shares are resolved once from it: the warehouse
+and the verifier sets (verifiers/sets.py: profiling, reward, exact; a bad verifier is a ConfigError here, at load).
+Every stage's `build_assets(cfg, wh, verifiers)` takes them and its assets close over them, so code versions
+(computed at load) and asset bodies (run with the same objects) can never disagree. Editing pivot.yaml takes
+effect on the usual code-location reload (or the next `pivot` command).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import dagster as dg
 
 from pivot_assets.core.config import PivotConfig, load_config
 from pivot_assets.core.ids import canonical_json, short_hash
+from pivot_assets.core.warehouse import Warehouse
+from pivot_assets.verifiers import VerifierSets
 
 
 def stage_builders():
@@ -29,14 +33,20 @@ def build_definitions(config: str | os.PathLike | PivotConfig | None = None) -> 
     from pivot_jobs import build_jobs
 
     cfg = config if isinstance(config, PivotConfig) else load_config(config)
+    wh, verifiers = resolve_shared(cfg)
     assets, checks = [], []
     for build in stage_builders():
-        for d in build(cfg):
+        for d in build(cfg, wh, verifiers):
             (checks if isinstance(d, dg.AssetChecksDefinition) else assets).append(d)
     # One process per run: the stages share one DuckDB file (a single writer) and the CPU box's memory;
     # a multiprocess executor would race on pivot.duckdb and load several models at once.
     return dg.Definitions(assets=chain_code_versions(assets), asset_checks=checks, jobs=build_jobs(),
                           executor=dg.in_process_executor)
+
+
+def resolve_shared(cfg: PivotConfig) -> tuple[Warehouse, VerifierSets]:
+    """What every stage's build_assets takes beside the config: the warehouse and the verifier sets."""
+    return Warehouse(cfg.warehouse_dir), VerifierSets.from_config(cfg)
 
 
 def chain_code_versions(assets: list) -> list:

@@ -3,6 +3,7 @@
 Resolution order: an explicit path (`--config FILE`), else $PIVOT_CONFIG, else ./pivot.yaml if present,
 else the built-in defaults (embedded synthetic sample, ./warehouse). Relative paths in the file are
 relative to the file itself. Every error is a `ConfigError` with a one-line message naming the key or path.
+A field's `In(...)` marker names the identities (code versions, cache keys) it belongs to: core/identity.py.
 """
 
 from __future__ import annotations
@@ -13,11 +14,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_serializer,
+                      model_validator)
+
+from pivot_assets.core.identity import EVALUATION, PIVOTS, ROLLOUTS, SAMPLING, SFT, TRAINING, In
 
 InputFormat = Literal["auto", "openai", "responses", "tau2", "sharegpt", "bfcl", "bfcl_multi_turn"]
 FORMATS = get_args(InputFormat)  # the input formats (ingest/formats.py describes each)
 Dtype = Literal["auto", "float32", "bfloat16"]
+LAMBDA_DIFF = 0.6  # pivots.lambda_diff's default: the one source (contracts and the profiler's defaults read it)
 STATE_DIR = ".warehouse-state"  # beside the config: the local state of s3:// warehouses, one dir per bucket/prefix
 
 
@@ -27,6 +32,47 @@ class ConfigError(ValueError):
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# A verifier: its name, or {name: ..., **its parameters} (verifiers/registry.py checks both when the sets are built)
+VerifierSpec = str | dict[str, Any]
+
+
+def _spec(v):
+    if not isinstance(v, (str, dict)):
+        raise ValueError(f"a verifier is a name or a mapping with a 'name', got {v!r:.60}")
+    return v
+
+
+class VerifierSection(_Strict):
+    """A verifier set: a default verifier and optional per-domain ones. The shape of `verifier:`,
+    training.reward_verifier and ablation.exact_verifier; the specs are built and checked, as config errors, where
+    the verifier sets are resolved (verifiers/sets.py: core does not import the verifiers)."""
+
+    default: VerifierSpec = Field(default_factory=lambda: {"name": "tool_call"})
+    domains: dict[str, VerifierSpec] = Field(default_factory=dict)
+
+    @field_validator("default", mode="before")
+    @classmethod
+    def _default_spec(cls, v):
+        return _spec({"name": "tool_call"} if v is None else v)
+
+    @field_validator("domains", mode="before")
+    @classmethod
+    def _domain_specs(cls, v):
+        if v is None:
+            return {}
+        if not isinstance(v, dict):
+            raise ValueError("must map domain names to verifiers")
+        return {d: _spec(spec) for d, spec in v.items()}
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        """No empty `domains`: a section dumps as a config that sets none was written (identities hash the dump)."""
+        data = handler(self)
+        if not data.get("domains"):
+            data.pop("domains", None)
+        return data
 
 
 class InputSpec(_Strict):
@@ -41,18 +87,18 @@ class InputSpec(_Strict):
 
 
 class PolicySection(_Strict):
-    backend: Literal["transformers", "vllm", "openai"] = "transformers"
-    model: str = "embedded"
-    base_url: str | None = None
+    backend: Annotated[Literal["transformers", "vllm", "openai"], In(ROLLOUTS)] = "transformers"
+    model: Annotated[str, In(ROLLOUTS)] = "embedded"
+    base_url: Annotated[str | None, In(ROLLOUTS)] = None
     api_key_env: str | None = None
-    k: int = Field(8, ge=1)
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_new_tokens: int = Field(256, ge=1)
-    seed: int = 0
-    limit_turns: int | None = Field(None, ge=1)
+    k: Annotated[int, In(ROLLOUTS, SAMPLING)] = Field(8, ge=1)
+    temperature: Annotated[float, In(ROLLOUTS, SAMPLING)] = Field(1.0, ge=0.0)
+    top_p: Annotated[float, In(ROLLOUTS, SAMPLING)] = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: Annotated[int, In(ROLLOUTS, SAMPLING)] = Field(256, ge=1)
+    seed: Annotated[int, In(ROLLOUTS, SAMPLING)] = 0
+    limit_turns: Annotated[int | None, In(ROLLOUTS)] = Field(None, ge=1)
     dtype: Dtype = "auto"  # auto: bf16 only where the device runs it natively (core/hardware.py)
-    device: str = "cpu"  # cpu | cuda | cuda:N (transformers backend; vllm: cpu or cuda)
+    device: Annotated[str, In(ROLLOUTS)] = "cpu"  # cpu | cuda | cuda:N (transformers backend; vllm: cpu or cuda)
     batch_size: int = Field(64, ge=1)  # decode rows (turns x K) per engine call, and per rollouts part
     # vllm backend: extra vllm.LLM arguments (enforce_eager, max_model_len, kv_cache_memory_bytes, block_size, ...);
     # speed and memory knobs, so not part of the policy identity
@@ -60,11 +106,12 @@ class PolicySection(_Strict):
     concurrency: int = Field(8, ge=1)
     # auto (the model's own template when it renders tools; the embedded Hermes one for the embedded model or a
     # model whose template drops tools) | embedded | model | PATH of a Jinja file (policies/models.py)
-    chat_template: str = "auto"
+    chat_template: Annotated[str, In(ROLLOUTS)] = "auto"
     # keep: the thought stays in the completion (the verifier skips it) | strip: a closed thought is cut before
     # storing | off: the template's enable_thinking=False switch (policies/thinking.py)
-    thinking: Literal["keep", "strip", "off"] = "keep"
-    thinking_budget: int | None = Field(None, ge=1)  # tokens of thought before </think> is forced (transformers)
+    thinking: Annotated[Literal["keep", "strip", "off"], In(ROLLOUTS)] = "keep"
+    # tokens of thought before </think> is forced (transformers)
+    thinking_budget: Annotated[int | None, In(ROLLOUTS)] = Field(None, ge=1)
 
 
 class AdaptiveSection(_Strict):
@@ -99,42 +146,46 @@ class ProfilingSection(_Strict):
 
 
 class PivotsSection(_Strict):
-    lambda_diff: float = Field(0.6, ge=0.0, le=1.0)
-    max_per_trajectory: int | None = Field(None, ge=1)
-    cand_size: int | None = Field(None, ge=0)
-    seed: int = 0
-    min_k: int | None = Field(None, ge=1)
-    domain_quotas: dict[str, Annotated[int, Field(ge=0)]] | None = None
+    lambda_diff: Annotated[float, In(PIVOTS)] = Field(LAMBDA_DIFF, ge=0.0, le=1.0)
+    max_per_trajectory: Annotated[int | None, In(PIVOTS)] = Field(None, ge=1)
+    cand_size: Annotated[int | None, In(PIVOTS)] = Field(None, ge=0)
+    seed: Annotated[int, In(PIVOTS)] = 0
+    min_k: Annotated[int | None, In(PIVOTS)] = Field(None, ge=1)
+    domain_quotas: Annotated[dict[str, Annotated[int, Field(ge=0)]] | None, In(PIVOTS)] = None
     # Only turns whose expert action is of these kinds become candidates (e.g. [tool_call, tool_call_batch]
     # keeps replies out of the pivot sets when no judge can check them); null: every kind.
-    action_kinds: list[Literal["tool_call", "message", "tool_call_batch"]] | None = None
+    action_kinds: Annotated[list[Literal["tool_call", "message", "tool_call_batch"]] | None, In(PIVOTS)] = None
 
 
 class TrainingSection(_Strict):
-    set: Literal["adv", "mixed", "cand"] = "adv"
-    init: Literal["sft", "reference"] = "sft"
-    steps: int = Field(50, ge=1)
-    num_generations: int = Field(8, ge=2)
-    learning_rate: float = Field(1.0e-6, gt=0)
-    max_completion_length: int = Field(256, ge=1)
-    eval_fraction: float = Field(0.1, ge=0.0, lt=1.0)
+    set: Annotated[Literal["adv", "mixed", "cand"], In(TRAINING)] = "adv"
+    init: Annotated[Literal["sft", "reference"], In(TRAINING)] = "sft"
+    steps: Annotated[int, In(TRAINING)] = Field(50, ge=1)
+    num_generations: Annotated[int, In(TRAINING)] = Field(8, ge=2)
+    learning_rate: Annotated[float, In(TRAINING)] = Field(1.0e-6, gt=0)
+    max_completion_length: Annotated[int, In(TRAINING, EVALUATION)] = Field(256, ge=1)
+    eval_fraction: Annotated[float, In(TRAINING, EVALUATION)] = Field(0.1, ge=0.0, lt=1.0)
     # Conversations only the SFT warm-up trains on; profiling skips them, so the reference never profiles what
     # it was trained on (the three-way split, core/split.py). 0: warm-up / pool are one side (the two-way split).
-    warmup_fraction: float = Field(0.0, ge=0.0, lt=1.0)
-    eval_k: int = Field(4, ge=1)
-    seed: int = 0
-    dtype: Dtype = "auto"  # GRPO training precision; auto: bf16 autocast only where native
-    grpo: dict[str, Any] = Field(default_factory=dict)
+    warmup_fraction: Annotated[float, In(TRAINING)] = Field(0.0, ge=0.0, lt=1.0)
+    eval_k: Annotated[int, In(EVALUATION)] = Field(4, ge=1)
+    seed: Annotated[int, In(TRAINING, EVALUATION)] = 0
+    dtype: Annotated[Dtype, In(TRAINING)] = "auto"  # GRPO training precision; auto: bf16 autocast only where native
+    grpo: Annotated[dict[str, Any], In(TRAINING)] = Field(default_factory=dict)
     # GRPO's reward verifier (the shape of the top-level `verifier:` section); null: the profiling verifier.
-    reward_verifier: dict[str, Any] | None = None
-    # -- evaluation only (never retrains; training/runs.EVAL_ONLY) --
+    reward_verifier: Annotated[VerifierSection | None, In(TRAINING)] = None
+    # -- evaluation only (never retrains: EVALUATION, not TRAINING; core/identity.py) --
     # Evaluation draws are seeded per turn by seeded_int("pivot-eval", eval_seed) (training/runs.eval_seed),
     # a stream apart from profiling's policy.seed, and the same for every policy evaluated.
-    eval_seed: int = 0
-    eval_max_turns: int | None = Field(None, ge=1)  # cap on held-out profiled turns evaluated (seeded hash order)
-    bootstrap: int = Field(1000, ge=100)  # bootstrap resamples (over turns / probe items) for the 95% intervals
-    ood_probe: str | None = None  # JSONL file or HF dataset dir of {prompt, answer, kind}; null: the built-in probe
-    ood_max_items: int | None = Field(None, ge=1)  # evaluate the first N probe items (seeded order); null: all
+    eval_seed: Annotated[int, In(EVALUATION)] = 0
+    # cap on held-out profiled turns evaluated (seeded hash order)
+    eval_max_turns: Annotated[int | None, In(EVALUATION)] = Field(None, ge=1)
+    # bootstrap resamples (over turns / probe items) for the 95% intervals
+    bootstrap: Annotated[int, In(EVALUATION)] = Field(1000, ge=100)
+    # JSONL file or HF dataset dir of {prompt, answer, kind}; null: the built-in probe
+    ood_probe: Annotated[str | None, In(EVALUATION)] = None
+    # evaluate the first N probe items (seeded order); null: all
+    ood_max_items: Annotated[int | None, In(EVALUATION)] = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _split_leaves_a_pool(self):
@@ -142,13 +193,6 @@ class TrainingSection(_Strict):
             raise ValueError(f"warmup_fraction {self.warmup_fraction} + eval_fraction {self.eval_fraction} leave no "
                              "training pool (their sum must be below 1)")
         return self
-
-    @field_validator("reward_verifier")
-    @classmethod
-    def _reward_verifier_shape(cls, v):
-        if v is not None and set(v) - {"default", "domains"}:
-            raise ValueError(f"unknown key {sorted(set(v) - {'default', 'domains'})[0]!r} (expected 'default' or 'domains')")
-        return v
 
 
 ARMS = ("grpo_adv", "grpo_cand", "grpo_mixed", "grpo_adv_exact", "sft_same_data")
@@ -168,7 +212,7 @@ class AblationSection(_Strict):
     # Passes over an arm's pool (its pivot set in the training pool): steps = ceil(epochs x steps per pass).
     epochs: float = Field(1.0, ge=1.0)
     primary: EVAL_SET_NAMES = "profiled"  # the evaluation set the headline (ablation_table) reads
-    exact_verifier: dict[str, Any] = Field(default_factory=lambda: {"default": {"name": "exact"}})
+    exact_verifier: VerifierSection = Field(default_factory=lambda: VerifierSection(default={"name": "exact"}))
     sft_learning_rate: float | None = Field(None, gt=0)  # the same-data SFT arm; null: sft.learning_rate
 
     @model_validator(mode="before")
@@ -188,16 +232,16 @@ class AblationSection(_Strict):
 
 
 class SFTSection(_Strict):
-    steps: int = Field(12, ge=1)
-    learning_rate: float = Field(1.0e-4, gt=0)
-    batch_size: int = Field(2, ge=1)
-    max_length: int = Field(1024, ge=16)
-    dtype: Dtype = "auto"  # bf16 autocast only where native (core/hardware.py)
-    seed: int = 0
+    steps: Annotated[int, In(SFT)] = Field(12, ge=1)
+    learning_rate: Annotated[float, In(SFT)] = Field(1.0e-4, gt=0)
+    batch_size: Annotated[int, In(SFT)] = Field(2, ge=1)
+    max_length: Annotated[int, In(SFT)] = Field(1024, ge=16)
+    dtype: Annotated[Dtype, In(SFT)] = "auto"  # bf16 autocast only where native (core/hardware.py)
+    seed: Annotated[int, In(SFT)] = 0
     # What one example is: `trajectory` (the whole conversation, its start kept), `turn` (one turn's state, cut
     # from the left to fit, + its expert action), or `auto` (the whole trajectory when it fits in max_length,
     # else one example per turn).
-    examples: Literal["auto", "trajectory", "turn"] = "auto"
+    examples: Annotated[Literal["auto", "trajectory", "turn"], In(SFT)] = "auto"
 
 
 class RuntimeSection(_Strict):
@@ -249,7 +293,7 @@ class PivotConfig(_Strict):
     inputs: list[InputSpec] | None = None
     sample: SampleSection = Field(default_factory=SampleSection)
     policy: PolicySection = Field(default_factory=PolicySection)
-    verifier: dict[str, Any] = Field(default_factory=lambda: {"default": {"name": "tool_call"}})
+    verifier: VerifierSection = Field(default_factory=VerifierSection)
     pivots: PivotsSection = Field(default_factory=PivotsSection)
     training: TrainingSection = Field(default_factory=TrainingSection)
     sft: SFTSection = Field(default_factory=SFTSection)
@@ -259,6 +303,12 @@ class PivotConfig(_Strict):
     ablation: AblationSection | None = None  # present: the ablation_results asset and `ablation_job` run it
     # Directory the relative paths above are resolved against (the config file's folder).
     base_dir: str = "."
+    _source: str = PrivateAttr("built-in defaults")  # what config errors found after loading name (load_config sets it)
+
+    @property
+    def source(self) -> str:
+        """The config file this was loaded from (or "built-in defaults"): the start of a config error's line."""
+        return self._source
 
     @model_validator(mode="after")
     def _ray_seeds_per_sample(self):
@@ -281,14 +331,6 @@ class PivotConfig(_Strict):
                 raise ValueError(f"{v!r}: a warehouse is a local dir or s3://bucket/prefix")
             parse_s3_uri(v)
             return v.rstrip("/")
-        return v
-
-    @field_validator("verifier")
-    @classmethod
-    def _verifier_shape(cls, v: dict) -> dict:
-        unknown = set(v) - {"default", "domains"}
-        if unknown:
-            raise ValueError(f"unknown key {sorted(unknown)[0]!r} (expected 'default' or 'domains')")
         return v
 
     # -- resolved paths -------------------------------------------------------------------
@@ -367,4 +409,5 @@ def load_config(path: str | os.PathLike | None = None, *, overrides: dict | None
     except ValidationError as e:
         raise ConfigError(_format_validation_error(e, source)) from None
     _check_inputs(cfg, source)
+    cfg._source = source
     return cfg

@@ -5,7 +5,7 @@ import dagster as dg
 
 from pivot_assets.core.catalog import BLOCKING_TABLES, CONTRACT_TABLES, PIVOT_TABLES, SELECTION_LOG, SET_TABLES
 from pivot_assets.core.config import PivotConfig
-from pivot_assets.core.ids import canonical_json, short_hash
+from pivot_assets.core.identity import pivots_version
 from pivot_assets.core.plots import bars_png, markdown_image, save_png
 from pivot_assets.core.warehouse import Warehouse
 from pivot_assets.materialization import number_table, publish
@@ -31,19 +31,18 @@ def funnel_plot(wh: Warehouse, funnel: dict[str, int]) -> str:
     return markdown_image(png, "pivot funnel")
 
 
-def build_pivot_sets_asset(cfg: PivotConfig):
+def build_pivot_sets_asset(cfg: PivotConfig, wh: Warehouse):
     """All three sets and the selection log from ONE selection over one profile generation."""
 
     @dg.multi_asset(
         specs=[
             dg.AssetSpec(name, deps=["turn_profiles", "turns"], group_name=GROUP, description=text,
-                         code_version=short_hash(canonical_json(cfg.pivots.model_dump())), kinds={"parquet", "duckdb"})
+                         code_version=pivots_version(cfg.pivots), kinds={"parquet", "duckdb"})
             for name, text in PIVOT_SET_DOCS.items()
         ],
         can_subset=False,
     )
     def pivot_sets(context: dg.AssetExecutionContext):
-        wh = Warehouse(cfg.warehouse_dir)
         funnel = select_and_write(wh, cfg.pivots)
         context.log.info("pivot funnel: " + ", ".join(f"{stage} {n}" for stage, n in funnel.items()))
         meta = {"funnel": number_table(funnel), "funnel_plot": dg.MetadataValue.md(funnel_plot(wh, funnel)),
@@ -55,11 +54,11 @@ def build_pivot_sets_asset(cfg: PivotConfig):
     return pivot_sets
 
 
-def build_contract_check(cfg: PivotConfig, table: str):
+def build_contract_check(cfg: PivotConfig, wh: Warehouse, table: str):
     @dg.asset_check(asset=table, name=CONTRACT_CHECK, blocking=table in BLOCKING_TABLES,
                     description=f"Great Expectations suite data_contracts/{table}.json")
     def contract() -> dg.AssetCheckResult:
-        result = check_table(Warehouse(cfg.warehouse_dir), table, contract_params(cfg))
+        result = check_table(wh, table, contract_params(cfg))
         failed = [f["expectation"] + (f" on {f['column']}" if f.get("column") else "") for f in result.failures]
         return dg.AssetCheckResult(
             passed=result.success,
@@ -76,7 +75,7 @@ def build_contract_check(cfg: PivotConfig, table: str):
     return contract
 
 
-def build_export_assets(cfg: PivotConfig) -> list:
+def build_export_assets(cfg: PivotConfig, wh: Warehouse) -> list:
     train_table = SET_TABLES[cfg.training.set]
 
     # Exports depend on all three sets: they come from one selection, so a failed contract on any of them
@@ -85,8 +84,7 @@ def build_export_assets(cfg: PivotConfig) -> list:
               code_version=f"1-{cfg.training.set}")
     def pivot_dataset(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         """The training pivot set as a Hugging Face dataset dir with TRL-ready columns (prompt, tools, ...)."""
-        wh = Warehouse(cfg.warehouse_dir)
-        out = export_set(cfg, cfg.training.set, "hf", wh.root / "exports" / f"{train_table}_hf")
+        out = export_set(wh, cfg.training.set, "hf", wh.root / "exports" / f"{train_table}_hf")
         return dg.MaterializeResult(
             metadata={"path": dg.MetadataValue.path(str(out)), "set": cfg.training.set},
             data_version=dg.DataVersion(wh.data_version(train_table)),
@@ -95,8 +93,7 @@ def build_export_assets(cfg: PivotConfig) -> list:
     @dg.asset(name=NEMO_EXPORT, deps=[*PIVOT_TABLES, "trajectories"], group_name=GROUP, kinds={"json"}, code_version="1")
     def pivot_nemo_gym(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         """D_adv as NeMo-Gym pivot JSONL (responses_create_params + expected_action) for NeMo-RL."""
-        wh = Warehouse(cfg.warehouse_dir)
-        path = export_set(cfg, "adv", "nemo-gym", wh.root / "exports" / "pivots_adv.jsonl")
+        path = export_set(wh, "adv", "nemo-gym", wh.root / "exports" / "pivots_adv.jsonl")
         n = sum(1 for _ in open(path, encoding="utf-8"))
         return dg.MaterializeResult(
             metadata={"path": dg.MetadataValue.path(str(path)), "rows": n},
@@ -106,5 +103,6 @@ def build_export_assets(cfg: PivotConfig) -> list:
     return [pivot_dataset, pivot_nemo_gym]
 
 
-def build_assets(cfg: PivotConfig) -> list:
-    return [build_pivot_sets_asset(cfg), *build_export_assets(cfg), *(build_contract_check(cfg, t) for t in CONTRACT_TABLES)]
+def build_assets(cfg: PivotConfig, wh: Warehouse, verifiers=None) -> list:
+    return [build_pivot_sets_asset(cfg, wh), *build_export_assets(cfg, wh),
+            *(build_contract_check(cfg, wh, t) for t in CONTRACT_TABLES)]

@@ -39,13 +39,14 @@ from pivot_assets.core.catalog import (
     PIVOT_TABLES,
     RELATED_TABLES,
 )
+from pivot_assets.core.config import LAMBDA_DIFF
 from pivot_assets.core.shapes import ROLES
 from pivot_assets.core.warehouse import connect_for
 
 __all__ = ["BLOCKING_TABLES", "CONTRACT_TABLES", "ContractResult", "check_parquet", "load_suite_spec", "prewarm",
            "run_contract"]
 
-DEFAULT_PARAMS = {"lambda_diff": 0.6, "policy_k": None}  # policy_k None: k has no upper bound
+DEFAULT_PARAMS = {"lambda_diff": LAMBDA_DIFF, "policy_k": None}  # policy_k None: k has no upper bound
 SAMPLE_ROWS = 5  # failing rows shown per failed expectation
 GX_SAMPLE_ROWS = 500  # rows Great Expectations validates (plus every failing row found in SQL)
 MEMORY_LIMIT = "1GB"  # DuckDB's budget for a check; larger aggregates spill to disk

@@ -38,26 +38,24 @@ def check_table(wh: Warehouse, table: str, params: dict):
     return check_parquet(table, {name: wh.source_glob(name) for name in names}, params=params)
 
 
-def check_tables(cfg: PivotConfig, table: str | None = None):
+def check_tables(wh: Warehouse, params: dict, table: str | None = None):
     """Yield (table, ContractResult) for one table, or for every materialized table with a contract."""
     from pivot_assets.curation.contracts import CONTRACT_TABLES
 
-    wh = Warehouse(cfg.warehouse_dir)
     if table is not None and table not in CONTRACT_TABLES:
         raise ValueError(f"no contract for {table!r} (known: {', '.join(CONTRACT_TABLES)})")
     tables = [table] if table else [t for t in CONTRACT_TABLES if wh.exists(t)]
     if not tables:
         raise ValueError(f"nothing materialized in {wh.root} yet: run `pivot run` first")
     for name in tables:
-        yield name, check_table(wh, name, contract_params(cfg))
+        yield name, check_table(wh, name, params)
 
 
-def export_set(cfg: PivotConfig, pivot_set: str, fmt: str, out: Path) -> Path:
+def export_set(wh: Warehouse, pivot_set: str, fmt: str, out: Path) -> Path:
     """Write a pivot set as a Hugging Face dataset dir (`hf`) or NeMo-Gym pivot JSONL (`nemo-gym`), streamed from
     the warehouse in batches (exports.stream_pivot_states): neither the set nor the trajectories are loaded."""
     from pivot_assets.curation import exports
 
-    wh = Warehouse(cfg.warehouse_dir)
     table = SET_TABLES[pivot_set]
     if not wh.exists(table):
         raise ValueError(f"{table} is not materialized yet: run `pivot run --select {table}` first")

@@ -17,7 +17,7 @@ INGEST_TABLES = {
 }
 
 
-def build_assets(cfg: PivotConfig) -> list:
+def build_assets(cfg: PivotConfig, wh: Warehouse, verifiers=None) -> list:
     version = inputs_fingerprint(cfg)
 
     @dg.multi_asset(
@@ -28,7 +28,6 @@ def build_assets(cfg: PivotConfig) -> list:
         can_subset=False,
     )
     def ingest(context: dg.AssetExecutionContext):
-        wh = Warehouse(cfg.warehouse_dir)
         inputs = resolved_inputs(cfg)
         with timed() as t:
             counts = write_ingest(wh, inputs)
@@ -50,7 +49,6 @@ def build_assets(cfg: PivotConfig) -> list:
     @dg.asset(deps=["trajectories"], group_name=GROUP, code_version=TURNS_VERSION, kinds={"parquet", "duckdb"})
     def turns(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         """Extracted assistant turns: (state = messages before it + tools, action = the expert's message)."""
-        wh = Warehouse(cfg.warehouse_dir)
         with timed() as t:
             n = write_turns(wh)
         context.log.info(f"extracted {n} turns in {t['seconds']:.2f}s")

@@ -12,12 +12,11 @@ implements it; vLLM can (prompt_logprobs on prompt + action); an OpenAI-compatib
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import asdict, dataclass, field
 from typing import Iterator, Protocol, runtime_checkable
 
 from pivot_assets.core.config import PolicySection
+from pivot_assets.core.identity import SAMPLING, fingerprint, values
 
 FINISH_REASONS = ("stop", "length")
 _POLICY_DEFAULTS = PolicySection()  # the one place sampling defaults live: the `policy:` config section
@@ -46,14 +45,12 @@ class SamplingConfig:
     @classmethod
     def from_policy(cls, policy: PolicySection) -> "SamplingConfig":
         """The sampling part of the `policy:` section."""
-        return cls(k=policy.k, temperature=policy.temperature, top_p=policy.top_p,
-                   max_new_tokens=policy.max_new_tokens, seed=policy.seed)
+        return cls(**values(policy, SAMPLING))
 
     @property
     def fingerprint(self) -> str:
         """Short hash of every field: rows sampled under another config never share a key."""
-        text = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        return fingerprint(asdict(self))
 
 
 @dataclass

@@ -21,7 +21,7 @@ from pivot_assets.core.config import PivotConfig
 from pivot_assets.core.plots import histogram_png, markdown_image, save_png
 from pivot_assets.core.warehouse import Warehouse
 from pivot_assets.materialization import number_table, publish, require_only_run_of_shard, reused_figures, timed
-from pivot_assets.verifiers import DomainVerifiers
+from pivot_assets.verifiers import VerifierSets
 
 from .profiler import SFT_MODEL, Profiler, policy_version, profiles_version
 from .ray_job import ENTRYPOINT as RAY_ENTRYPOINT
@@ -49,8 +49,8 @@ def shard_partitions(cfg: PivotConfig) -> dg.StaticPartitionsDefinition | None:
     return dg.StaticPartitionsDefinition(partition_keys(cfg.scale.shards)) if cfg.scale.shards > 1 else None
 
 
-def build_assets(cfg: PivotConfig) -> list:
-    verifiers = DomainVerifiers(cfg.verifier)
+def build_assets(cfg: PivotConfig, wh: Warehouse, verifier_sets: VerifierSets) -> list:
+    verifiers = verifier_sets.profiling
     policy_deps = ["turns"] + (["sft_policy"] if cfg.policy.model == SFT_MODEL else [])
     partitions = shard_partitions(cfg)
     rollouts_version = policy_version(cfg.policy, cfg.profiling.seeding, cfg.profiling.adaptive, cfg.pivots.lambda_diff)
@@ -62,7 +62,7 @@ def build_assets(cfg: PivotConfig) -> list:
         return parse_shard(context.partition_key, cfg.scale.shards)
 
     def profiler(shard: int | None) -> Profiler:
-        return Profiler.for_config(cfg, verifiers, shard)
+        return Profiler.for_config(cfg, verifiers, shard, wh=wh)
 
     # The warm-up split decides which turns are profiled (core/split.py); a two-way split keeps the old version.
     split = [cfg.training.eval_fraction, cfg.training.warmup_fraction, cfg.training.seed]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -34,8 +35,10 @@ import duckdb
 import pyarrow as pa
 
 from pivot_assets.core.catalog import EXPERT_LIKELIHOODS_SCHEMA, REWARDS_SCHEMA, ROLLOUTS_SCHEMA
+from pivot_assets.core.config import LAMBDA_DIFF
 from pivot_assets.core.hardware import Precision, resolve_dtype
-from pivot_assets.core.ids import canonical_json, short_hash
+from pivot_assets.core.identity import ROLLOUTS, adaptive_identity, fingerprint, values
+from pivot_assets.core.ids import canonical_json
 from pivot_assets.core.progress import Progress
 from pivot_assets.core.split import WARMUP, ConversationSplit
 from pivot_assets.core.warehouse import Warehouse
@@ -428,9 +431,6 @@ def build_profiles(wh: Warehouse, policy_fp: str, sampling_fp: str, verifier_fp:
 
 # -- the stage, as the three assets call it ----------------------------------------------------
 SFT_MODEL = "sft"  # `policy.model: sft`: the warm-up model the sft_policy asset saved in the warehouse
-# What changes the samples (the code version of `rollouts`); speed knobs (batch_size, concurrency) are not in it.
-POLICY_IDENTITY = ("backend", "model", "base_url", "device", "k", "temperature", "top_p", "max_new_tokens", "seed",
-                   "limit_turns", "chat_template", "thinking", "thinking_budget")
 
 
 def policy_model(policy: "PolicySection", wh: Warehouse) -> str:
@@ -444,23 +444,14 @@ def policy_precision(policy: "PolicySection") -> Precision:
     return resolve_dtype(policy.dtype, policy.device)
 
 
-def adaptive_identity(adaptive: "AdaptiveSection | None", lambda_diff: float) -> dict:
-    """What adaptive stopping adds to the identity of the samples and profiles: its settings and lambda_diff
-    (the rule reads it), or nothing when it is off."""
-    if adaptive is None or not adaptive.enabled:
-        return {}
-    return {"adaptive": {**adaptive.model_dump(), "lambda_diff": lambda_diff}}
-
-
 def policy_version(policy: "PolicySection", seeding: str = PER_TURN, adaptive: "AdaptiveSection | None" = None,
-                   lambda_diff: float = 0.6) -> str:
+                   lambda_diff: float = LAMBDA_DIFF) -> str:
     """Code version of `rollouts`: the policy identity with the *resolved* dtype (bf16 and fp32 sample
     slightly different tokens, so moving to a CPU without bf16 must regenerate), per-sample seeding (other draws
     than per-turn seeding) and adaptive stopping (which samples exist: turning it off or tightening it tops up)."""
-    identity = {k: v for k, v in policy.model_dump().items() if k in POLICY_IDENTITY}
     extra = {} if seeding == PER_TURN else {"seeding": seeding}
-    return short_hash(canonical_json({**identity, "dtype": policy_precision(policy).dtype, **extra,
-                                      **adaptive_identity(adaptive, lambda_diff)}))
+    return fingerprint({**values(policy, ROLLOUTS), "dtype": policy_precision(policy).dtype, **extra,
+                        **adaptive_identity(adaptive, lambda_diff)})
 
 
 PROFILES_VERSION = "2"  # 2: k per turn (samples below policy.k), stop_reason, p_flip, the expert's likelihood
@@ -468,8 +459,8 @@ PROFILES_VERSION = "2"  # 2: k per turn (samples below policy.k), stop_reason, p
 
 def profiles_version(cfg: "PivotConfig") -> str:
     """Code version of `turn_profiles`: which samples a profile takes (k) and the rule that says why it stopped."""
-    return short_hash(canonical_json({"version": PROFILES_VERSION, "k": cfg.policy.k,
-                                      **adaptive_identity(cfg.profiling.adaptive, cfg.pivots.lambda_diff)}))
+    return fingerprint({"version": PROFILES_VERSION, "k": cfg.policy.k,
+                        **adaptive_identity(cfg.profiling.adaptive, cfg.pivots.lambda_diff)})
 
 
 def sampling_fingerprint(sampling, seeding: str = PER_TURN) -> str:
@@ -478,9 +469,9 @@ def sampling_fingerprint(sampling, seeding: str = PER_TURN) -> str:
     the same rows."""
     if seeding == PER_TURN:
         return sampling.fingerprint
-    fields = {"temperature": sampling.temperature, "top_p": sampling.top_p, "max_new_tokens": sampling.max_new_tokens,
-              "seed": sampling.seed, "seeding": seeding}
-    return short_hash(canonical_json(fields))
+    fields = {**asdict(sampling), "seeding": seeding}
+    del fields["k"]
+    return fingerprint(fields)
 
 
 def sample_seed(seed: int, sample_index: int) -> int:
@@ -514,7 +505,7 @@ class Profiler:
 
     def __init__(self, wh: Warehouse, policy: "PolicySection", verifiers, threads: int | str = "auto",
                  shard: int | None = None, shards: int = 1, seeding: str = PER_TURN,
-                 adaptive: "AdaptiveSection | None" = None, lambda_diff: float = 0.6,
+                 adaptive: "AdaptiveSection | None" = None, lambda_diff: float = LAMBDA_DIFF,
                  split: ConversationSplit | None = None):
         from pivot_assets.core.config import AdaptiveSection
 
@@ -529,13 +520,15 @@ class Profiler:
         self.prior: adaptive_rule.Prior | None = None  # the posterior rule's prior, once profile() fitted it
 
     @classmethod
-    def for_config(cls, cfg: "PivotConfig", verifiers=None, shard: int | None = None) -> "Profiler":
-        """The Profiler of one shard (or of the whole table when scale.shards is 1) under this config."""
+    def for_config(cls, cfg: "PivotConfig", verifiers=None, shard: int | None = None,
+                   wh: Warehouse | None = None) -> "Profiler":
+        """The Profiler of one shard (or of the whole table when scale.shards is 1) under this config; the
+        pipeline passes its resolved warehouse and profiling verifiers, a Ray job resolves its own."""
         if verifiers is None and cfg.profiling.adaptive.enabled:  # adaptive generation scores between rounds
-            from pivot_assets.verifiers import DomainVerifiers
+            from pivot_assets.verifiers import VerifierSets
 
-            verifiers = DomainVerifiers(cfg.verifier)
-        return cls(Warehouse(cfg.warehouse_dir), cfg.policy, verifiers, cfg.runtime.threads, shard=shard,
+            verifiers = VerifierSets.from_config(cfg).profiling
+        return cls(wh or Warehouse(cfg.warehouse_dir), cfg.policy, verifiers, cfg.runtime.threads, shard=shard,
                    shards=cfg.scale.shards, seeding=cfg.profiling.seeding, adaptive=cfg.profiling.adaptive,
                    lambda_diff=cfg.pivots.lambda_diff, split=ConversationSplit.from_config(cfg))
 

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
     from pivot_assets.core.config import PivotConfig
     from pivot_assets.core.warehouse import Warehouse
+    from pivot_assets.verifiers import VerifierSets
 
 ARM_LABELS = {"grpo_adv": "PivotRL (GRPO on D_adv, functional reward)", "grpo_cand": "GRPO on D_cand (no filtering)",
               "grpo_mixed": "GRPO on D_mixed", "grpo_adv_exact": "GRPO on D_adv, exact-match reward",
@@ -46,19 +47,15 @@ PAIRS = (("grpo_adv", "grpo_cand"), ("grpo_adv", "grpo_adv_exact"), ("grpo_adv",
 RUN_FILE = "ablation_run.json"  # beside the model: the run row, read back when the model is up to date
 
 
-def arm_verifiers(cfg: "PivotConfig", arm: str, profiling_verifiers):
-    """The reward of an arm: the training reward verifier (training.reward_verifier, else the profiling one), or
-    ablation.exact_verifier for grpo_adv_exact; None for SFT."""
-    from pivot_assets.verifiers import DomainVerifiers
-
+def arm_verifiers(verifiers: "VerifierSets", arm: str):
+    """The reward of an arm: the reward set (training.reward_verifier, else the profiling one), or the exact set
+    (ablation.exact_verifier) for grpo_adv_exact; None for SFT."""
     from .runs import ARM_SPECS
 
     reward = ARM_SPECS[arm][2]
     if reward is None:
         return None
-    if reward == "exact":
-        return DomainVerifiers(cfg.ablation.exact_verifier)
-    return DomainVerifiers(cfg.training.reward_verifier) if cfg.training.reward_verifier else profiling_verifiers
+    return verifiers.exact if reward == "exact" else verifiers.reward
 
 
 # -- pools ---------------------------------------------------------------------------------------
@@ -112,7 +109,7 @@ def cand_overlap(wh: "Warehouse", cfg: "PivotConfig", seed: int, pool: set[str])
 
 
 # -- training --------------------------------------------------------------------------------------
-def train_arm(wh: "Warehouse", cfg: "PivotConfig", arm: str, seed: int, profiling_verifiers,
+def train_arm(wh: "Warehouse", cfg: "PivotConfig", arm: str, seed: int, verifier_sets: "VerifierSets",
               log: Callable[[str], None]) -> dict:
     """Train one (arm, seed) unless its model with the same key is there. Returns a run row."""
     from pivot_assets.core.catalog import SET_TABLES
@@ -123,7 +120,7 @@ def train_arm(wh: "Warehouse", cfg: "PivotConfig", arm: str, seed: int, profilin
                        write_marker)
 
     trainer, pivot_set, _ = ARM_SPECS[arm]
-    verifiers = arm_verifiers(cfg, arm, profiling_verifiers)
+    verifiers = arm_verifiers(verifier_sets, arm)
     pool = pool_trajectories(wh, cfg)
     pivots = arm_pool(wh, cfg, arm, seed, pool)
     turn_ids = pivots["turn_id"].to_list()
@@ -202,14 +199,14 @@ def _train_arm_job(root: str, cfg: "PivotConfig", arm: str, seed: int) -> dict:
 
     from pivot_assets.core.hardware import configure_torch
     from pivot_assets.core.warehouse import Warehouse
-    from pivot_assets.verifiers import DomainVerifiers
+    from pivot_assets.verifiers import VerifierSets
 
     configure_torch(cfg.runtime.threads)
 
     def log(message: str) -> None:
         print(f"[ablation {arm} s{seed}] {message}", file=sys.stderr, flush=True)
 
-    return train_arm(Warehouse(root), cfg, arm, seed, DomainVerifiers(cfg.verifier), log)
+    return train_arm(Warehouse(root), cfg, arm, seed, VerifierSets.from_config(cfg), log)
 
 
 def ablation_policies(wh: "Warehouse", cfg: "PivotConfig"):
@@ -230,8 +227,9 @@ def ablation_policies(wh: "Warehouse", cfg: "PivotConfig"):
     return policies, pooled
 
 
-def run_ablation(wh: "Warehouse", cfg: "PivotConfig", verifiers, log: Callable[[str], None]) -> dict:
-    """Train every (arm, seed), evaluate all of them with the base model and the reference. Returns
+def run_ablation(wh: "Warehouse", cfg: "PivotConfig", verifiers: "VerifierSets", log: Callable[[str], None]) -> dict:
+    """Train every (arm, seed) with its reward set, evaluate all of them with the base model and the reference
+    (scored by the profiling set). Returns
     {"rows": ablation_results rows, "pairs": ablation_pairs rows, "runs": per-run rows, "steps": per-step rows,
     "sets", "eval_key", "eval_s", "wall_s"}."""
     from pivot_assets.core.parallel import resolve_workers, run_jobs
@@ -263,7 +261,7 @@ def run_ablation(wh: "Warehouse", cfg: "PivotConfig", verifiers, log: Callable[[
     _check_same_turns(runs, log)
     policies, pooled = ablation_policies(wh, cfg)
     t_eval = time.perf_counter()
-    scored = score_policies(wh, cfg, verifiers, policies, log, unit="ablation models evaluated")
+    scored = score_policies(wh, cfg, verifiers.profiling, policies, log, unit="ablation models evaluated")
     rows = compare(cfg, scored.policies, scored.sets, scored.key, reference="reference", pooled=pooled,
                    groups=scored.groups)
     pairs = pair_rows(cfg, scored.policies, scored.sets, scored.key, pooled, PAIRS, scored.groups,

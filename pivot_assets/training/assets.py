@@ -8,11 +8,11 @@ import pyarrow as pa
 
 from pivot_assets.core.catalog import SET_TABLES
 from pivot_assets.core.config import PivotConfig
-from pivot_assets.core.ids import canonical_json, short_hash
+from pivot_assets.core.identity import eval_identity, fingerprint
 from pivot_assets.core.plots import lines_png, markdown_image, save_png
 from pivot_assets.core.warehouse import Warehouse
 from pivot_assets.materialization import publish
-from pivot_assets.verifiers import DomainVerifiers
+from pivot_assets.verifiers import DomainVerifiers, VerifierSets
 
 from .evaluation import eval_table, evaluate_policies
 from .grpo import run_local_grpo
@@ -37,13 +37,12 @@ def run_metadata(result: dict) -> dict:
     return meta
 
 
-def build_sft_asset(cfg: PivotConfig):
+def build_sft_asset(cfg: PivotConfig, wh: Warehouse):
     @dg.asset(deps=["trajectories"], group_name=GROUP, kinds={"pytorch"},
-              code_version=short_hash(canonical_json(sft_identity(cfg))))
+              code_version=fingerprint(sft_identity(cfg)))
     def sft_policy(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         """SmolLM2 fine-tuned on the expert turns (assistant tokens only), held-out trajectories excluded:
         the warm-up reference policy and the same-data SFT baseline."""
-        wh = Warehouse(cfg.warehouse_dir)
         result = train_sft_policy(wh, cfg, context.log.info)
         extra = {k: result[k] for k in ("n_examples", "n_held_out", "n_warmup_trajectories", "not_trained_on")
                  if k in result}
@@ -56,15 +55,14 @@ def build_sft_asset(cfg: PivotConfig):
     return sft_policy
 
 
-def build_grpo_asset(cfg: PivotConfig, verifiers: DomainVerifiers):
+def build_grpo_asset(cfg: PivotConfig, wh: Warehouse, reward: DomainVerifiers):
     init_deps = ["sft_policy"] if cfg.training.init == "sft" else []
 
     @dg.asset(deps=[HF_EXPORT, *init_deps], group_name=GROUP, kinds={"pytorch"},
-              code_version=short_hash(canonical_json(training_identity(cfg))))
+              code_version=fingerprint(training_identity(cfg)))
     def grpo_run(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         """TRL GRPOTrainer on the pivot set, one short turn per sample, rewarded by the local verifier."""
-        wh = Warehouse(cfg.warehouse_dir)
-        result = run_local_grpo(wh, cfg, verifiers, context.log.info)
+        result = run_local_grpo(wh, cfg, reward, context.log.info)
         meta = run_metadata(result)
         if not result["skipped"]:
             meta.update({"train_prompts": result["train_prompts"],
@@ -86,14 +84,6 @@ def eval_deps(cfg: PivotConfig) -> list[str]:
     return ["turns", "turn_profiles", "pivots_mixed", "pivots_adv", *models]
 
 
-def eval_identity(cfg: PivotConfig) -> list:
-    """pivot_eval's code version: the evaluation-only keys (and what the split and sampling depend on)."""
-    from .runs import EVAL_ONLY
-
-    return [{k: getattr(cfg.training, k) for k in EVAL_ONLY}, cfg.training.max_completion_length,
-            cfg.training.eval_fraction, cfg.training.seed]
-
-
 def comparison_markdown(rows: list[dict]) -> str:
     from .evaluation import fmt_interval
 
@@ -102,15 +92,14 @@ def comparison_markdown(rows: list[dict]) -> str:
                                f"{fmt_interval(r, 'delta')} |" for r in rows])
 
 
-def build_eval_asset(cfg: PivotConfig, verifiers: DomainVerifiers):
+def build_eval_asset(cfg: PivotConfig, wh: Warehouse, verifiers: DomainVerifiers):
     @dg.asset(deps=["grpo_run", *eval_deps(cfg)], group_name=GROUP, kinds={"duckdb"},
-              code_version=short_hash(canonical_json(eval_identity(cfg))))
+              code_version=fingerprint(eval_identity(cfg.training)))
     def pivot_eval(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         """Local accuracy (mean verifier reward over eval_k fresh samples, evaluation seeds apart from profiling's)
         on fixed held-out sets (all profiled turns, D_mixed, D_adv) and OOD-probe accuracy, for the base model,
         the reference (the policy that profiled), the SFT warm-up and the GRPO policy: 95% bootstrap intervals
         and paired differences against the reference."""
-        wh = Warehouse(cfg.warehouse_dir)
         rows = evaluate_policies(wh, cfg, verifiers, context.log.info)
         wh.write_table("pivot_eval", eval_table(rows))
         plot = intervals_plot(wh, rows, name="pivot_eval", title="pivot_eval: accuracy with 95% bootstrap intervals")
@@ -123,16 +112,16 @@ def build_eval_asset(cfg: PivotConfig, verifiers: DomainVerifiers):
 ABLATION_TAGS = {"pivot/stage": "ablation"}  # pivot_jobs selects ablation_job by this tag
 
 
-def build_ablation_asset(cfg: PivotConfig, verifiers: DomainVerifiers):
+def build_ablation_asset(cfg: PivotConfig, wh: Warehouse, verifiers: VerifierSets):
     from .runs import ARM_SPECS
 
     sets = sorted({SET_TABLES[ARM_SPECS[a][1]] for a in cfg.ablation.arms})
     init_deps = ["sft_policy"] if "sft" in (cfg.training.init, cfg.policy.model) else []
     identity = {"ablation": cfg.ablation.model_dump(), "training": training_identity(cfg), "sft": sft_identity(cfg),
-                "eval": eval_identity(cfg)}
+                "eval": eval_identity(cfg.training)}
 
     @dg.asset(deps=sorted({"trajectories", *sets, *eval_deps(cfg), *init_deps}), group_name=GROUP,
-              kinds={"pytorch", "duckdb"}, tags=ABLATION_TAGS, code_version=short_hash(canonical_json(identity)))
+              kinds={"pytorch", "duckdb"}, tags=ABLATION_TAGS, code_version=fingerprint(identity))
     def ablation_results(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         """The paper's ablation: GRPO on D_adv / D_cand / D_mixed, GRPO on D_adv with the exact-match reward and
         same-data SFT, from one init with one update budget, once per ablation seed; evaluated with the base
@@ -140,7 +129,6 @@ def build_ablation_asset(cfg: PivotConfig, verifiers: DomainVerifiers):
         from .ablation import ablation_markdown, pairs_markdown, run_ablation
         from .evaluation import PAIR_SCHEMA_FIELDS
 
-        wh = Warehouse(cfg.warehouse_dir)
         result = run_ablation(wh, cfg, verifiers, context.log.info)
         rows, primary = result["rows"], cfg.ablation.primary
         wh.write_table("ablation_results", eval_table(rows, extra=(("train_s", "float64"), ("primary", "bool_"))))
@@ -183,9 +171,10 @@ def _json_value(value):
     return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
 
 
-def build_assets(cfg: PivotConfig) -> list:
-    verifiers = DomainVerifiers(cfg.verifier)
-    assets = [build_sft_asset(cfg), build_grpo_asset(cfg, verifiers), build_eval_asset(cfg, verifiers)]
+def build_assets(cfg: PivotConfig, wh: Warehouse, verifiers: VerifierSets) -> list:
+    """GRPO is rewarded by the reward set, evaluation scores with the profiling set (the reference's measure)."""
+    assets = [build_sft_asset(cfg, wh), build_grpo_asset(cfg, wh, verifiers.reward),
+              build_eval_asset(cfg, wh, verifiers.profiling)]
     if cfg.ablation is not None:  # only a config with an `ablation:` section has the (long) ablation asset
-        assets.append(build_ablation_asset(cfg, verifiers))
+        assets.append(build_ablation_asset(cfg, wh, verifiers))
     return assets

@@ -547,11 +547,12 @@ def _policy_scores_job(root: str, cfg: "PivotConfig", model: str, model_fp: str,
 
     from pivot_assets.core.hardware import configure_torch
     from pivot_assets.core.warehouse import Warehouse
-    from pivot_assets.verifiers import DomainVerifiers
+    from pivot_assets.verifiers import VerifierSets
 
     configure_torch(cfg.runtime.threads)
     name = Path(model).name if "/" in model else model
-    return policy_scores(Warehouse(root), cfg, model, model_fp, draws, rows, probe, DomainVerifiers(cfg.verifier),
+    verifiers = VerifierSets.from_config(cfg).profiling
+    return policy_scores(Warehouse(root), cfg, model, model_fp, draws, rows, probe, verifiers,
                          lambda m: print(f"[evaluation {name}] {m}", file=sys.stderr, flush=True))
 
 

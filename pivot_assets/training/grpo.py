@@ -379,8 +379,8 @@ def run_grpo(model_dir: str, train_dataset, domain_verifiers, options: "Training
 
 
 def run_local_grpo(wh: "Warehouse", cfg: "PivotConfig", verifiers, log: Callable[[str], None]) -> dict:
-    """The grpo_run stage: GRPO on the exported training pivot set from `training.init`, unless a model with the
-    same key is already there. Writes grpo_steps and grpo_completions, then the completion marker.
+    """The grpo_run stage: GRPO on the exported training pivot set from `training.init`, rewarded by `verifiers`
+    (the reward set: VerifierSets.reward), unless a model with the same key is already there. Writes grpo_steps and grpo_completions, then the completion marker.
 
     Returns {skipped, key, model_dir, precision, train_s?, train_prompts?, verifier_fingerprints?, grpo_config?}.
     """
@@ -391,13 +391,8 @@ def run_local_grpo(wh: "Warehouse", cfg: "PivotConfig", verifiers, log: Callable
     from pivot_assets.core.progress import Progress
 
     from .runs import GRPO_DIR, grpo_key, has_cuda, init_model, is_done, write_marker
-
-    from pivot_assets.verifiers import DomainVerifiers
-
     from .split import not_in_pool
 
-    if cfg.training.reward_verifier is not None:  # a training reward apart from the profiling verifier
-        verifiers = DomainVerifiers(cfg.training.reward_verifier)
     out, key = wh.model_dir(GRPO_DIR), grpo_key(wh, cfg, verifiers.fingerprint)
     precision = resolve_dtype(cfg.training.dtype, "cuda" if has_cuda() else "cpu")
     result = {"key": key, "model_dir": str(out), "precision": precision}

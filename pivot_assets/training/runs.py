@@ -8,8 +8,9 @@ from pathlib import Path
 
 from pivot_assets.core.catalog import SET_TABLES
 from pivot_assets.core.config import PivotConfig
-from pivot_assets.core.hardware import resolve_dtype
-from pivot_assets.core.ids import canonical_json, seeded_int, short_hash
+from pivot_assets.core import identity
+from pivot_assets.core.identity import fingerprint
+from pivot_assets.core.ids import seeded_int
 from pivot_assets.core.warehouse import Warehouse
 
 MARKER = ".pivot_key"
@@ -49,8 +50,6 @@ def reference_model(wh: Warehouse, cfg: PivotConfig) -> str:
     return str(wh.model_dir(SFT_DIR)) if cfg.policy.model == "sft" else cfg.policy.model
 
 
-# Evaluation-only keys of the training section: changing them never retrains a model.
-EVAL_ONLY = ("eval_k", "eval_seed", "eval_max_turns", "bootstrap", "ood_probe", "ood_max_items")
 EVAL_SEED_NAMESPACE = "pivot-eval"
 
 
@@ -70,12 +69,16 @@ def eval_seed(cfg: PivotConfig, draw: int = 0) -> int:
 
 
 def sft_identity(cfg: PivotConfig) -> dict:
-    """What the SFT model depends on in the config (the code version of sft_policy): the dtype as resolved on
-    the device SFT runs on (policy.device)."""
+    """What the SFT model depends on in the config (the code version of sft_policy): its section's SFT fields and
+    the split."""
     from pivot_assets.core.split import ConversationSplit
 
-    return {"sft": {**cfg.sft.model_dump(), "dtype": resolve_dtype(cfg.sft.dtype, cfg.policy.device).dtype},
+    return {"sft": identity.sft_identity(cfg.sft, cfg.policy.device),
             "split": ConversationSplit.from_config(cfg).identity}
+
+
+def training_identity(cfg: PivotConfig) -> dict:
+    return identity.training_identity(cfg.training)
 
 
 def model_fingerprint(model: str, cfg: PivotConfig) -> str:
@@ -87,16 +90,8 @@ def model_fingerprint(model: str, cfg: PivotConfig) -> str:
 
 
 def sft_key(wh: Warehouse, cfg: PivotConfig) -> str:
-    return short_hash(canonical_json({**sft_identity(cfg), "data": wh.data_version("trajectories"),
-                                      "base": model_fingerprint(base_model(cfg), cfg)}))
-
-
-def training_identity(cfg: PivotConfig) -> dict:
-    """The training section minus evaluation-only keys (changing eval_k must not retrain), dtype resolved."""
-    section = {k: v for k, v in cfg.training.model_dump().items() if k not in EVAL_ONLY}
-    if section.get("reward_verifier") is None:
-        section.pop("reward_verifier", None)  # the default keeps the keys of models trained before it existed
-    return {**section, "dtype": resolve_dtype(cfg.training.dtype).dtype}
+    return fingerprint({**sft_identity(cfg), "data": wh.data_version("trajectories"),
+                        "base": model_fingerprint(base_model(cfg), cfg)})
 
 
 def has_cuda() -> bool:
@@ -108,11 +103,11 @@ def has_cuda() -> bool:
 def grpo_key(wh: Warehouse, cfg: PivotConfig, verifier_fp: str) -> str:
     from .split import config_split, split_fingerprint
 
-    return short_hash(canonical_json({
+    return fingerprint({
         "training": training_identity(cfg), "pivots": wh.data_version(SET_TABLES[cfg.training.set]),
         "init": model_fingerprint(init_model(wh, cfg), cfg), "verifier": verifier_fp, "cpu_smoke": not has_cuda(),
         "split": split_fingerprint(wh, config_split(cfg)),
-    }))
+    })
 
 
 # -- the ablation's arms ------------------------------------------------------------------------------
@@ -159,17 +154,17 @@ def arm_key(wh: Warehouse, cfg: PivotConfig, arm: str, seed: int, verifier_fp: s
             pool: list[str] | None = None) -> str:
     """Everything one arm's model depends on: arm, seed, its section and passes over the pool, the pool's turns
     (for D_cand, the seed's own draw) and their pivot set's data, init, reward, split. Evaluation-only keys
-    (training.EVAL_ONLY, ablation.primary) are not in it."""
+    (training's EVALUATION-only fields, ablation.primary) are not in it."""
     from .split import config_split, split_fingerprint
 
     trainer, pivot_set, _ = ARM_SPECS[arm]
     section = training_identity(cfg) if trainer == "grpo" else sft_identity(cfg)["sft"]
     # what the arms never read: their steps come from their pools, and training.set is grpo_run's
     section = {k: v for k, v in section.items() if k not in ARM_UNUSED}
-    return short_hash(canonical_json({
+    return fingerprint({
         "arm": arm, "seed": seed, "epochs": cfg.ablation.epochs if cfg.ablation else 1.0, "section": section,
         "sft_lr": cfg.ablation.sft_learning_rate if cfg.ablation else None,
-        "pool": short_hash(canonical_json(sorted(pool or []))), "pivots": wh.data_version(SET_TABLES[pivot_set]),
+        "pool": fingerprint(sorted(pool or [])), "pivots": wh.data_version(SET_TABLES[pivot_set]),
         "init": model_fingerprint(init_model(wh, cfg), cfg), "verifier": verifier_fp,
         "split": split_fingerprint(wh, config_split(cfg)), "device": "cuda" if has_cuda() else "cpu",
-    }))
+    })

@@ -41,7 +41,8 @@ from .domains import DomainVerifiers
 from .llm_judge import judge_stats
 from .parsing import parse_candidate
 from .registry import build_verifier, verifier_names
+from .sets import VerifierSets
 from .verify_cli import verify_jsonl
 
-__all__ = ["Score", "Reason", "Verifier", "Param", "parse_candidate", "build_verifier", "DomainVerifiers",
+__all__ = ["Score", "Reason", "Verifier", "Param", "parse_candidate", "build_verifier", "DomainVerifiers", "VerifierSets",
            "verify_jsonl", "verifier_names", "judge_stats"]

@@ -3,21 +3,35 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from pivot_assets.core.ids import canonical_json, short_hash
 
 from .base import Score, Verifier
 from .registry import build_verifier
 
+if TYPE_CHECKING:
+    from pivot_assets.core.config import VerifierSection
+
 DEFAULT_SECTION = {"default": {"name": "tool_call"}, "domains": {}}
 
 
-class DomainVerifiers:
-    """The `verifier:` section of pivot.yaml: a default verifier and optional per-domain ones."""
+class VerifierSpecError(ValueError):
+    """A verifier spec that does not build; `part` names it in its section ("default", "domains.swe")."""
 
-    def __init__(self, verifier_section: dict | None = None) -> None:
+    def __init__(self, part: str, message: str) -> None:
+        super().__init__(message)
+        self.part = part
+
+
+class DomainVerifiers:
+    """A verifier section of pivot.yaml (`verifier:` and its shape's siblings): a default verifier and optional
+    per-domain ones. Takes the typed section or its dict; verifiers/sets.py builds a config's sets once."""
+
+    def __init__(self, verifier_section: "VerifierSection | dict | None" = None) -> None:
         section = verifier_section if verifier_section is not None else DEFAULT_SECTION
+        if hasattr(section, "model_dump"):
+            section = section.model_dump()
         if not isinstance(section, dict):
             raise ValueError(f"verifier section must be a mapping, got {type(section).__name__}")
         unknown = set(section) - {"default", "domains"}
@@ -26,13 +40,16 @@ class DomainVerifiers:
         domains = section.get("domains") or {}
         if not isinstance(domains, dict):
             raise ValueError("verifier section: 'domains' must map domain names to verifier specs")
-        self.default = build_verifier(section.get("default") or {"name": "tool_call"})
+        try:
+            self.default = build_verifier(section.get("default") or {"name": "tool_call"})
+        except ValueError as e:
+            raise VerifierSpecError("default", str(e)) from None
         self.domains: dict[str, Verifier] = {}
         for domain, spec in domains.items():
             try:
                 self.domains[str(domain)] = build_verifier(spec)
             except ValueError as e:
-                raise ValueError(f"verifier section, domain {domain!r}: {e}") from None
+                raise VerifierSpecError(f"domains.{domain}", f"verifier section, domain {domain!r}: {e}") from None
 
     def for_domain(self, domain: str | None) -> Verifier:
         """The domain's verifier, or the default for an unknown / missing domain."""

@@ -46,7 +46,7 @@ def test_env_var_picks_the_file(tmp_path, monkeypatch):
         ("pivots: {lambda_diff: 1.5}\n", "pivots.lambda_diff"),
         ("inputs:\n  - path: nowhere/*.jsonl\n", "inputs.0.path: no such file"),
         ("inputs:\n  - path: x.jsonl\n    format: csv\n", "inputs.0.format"),
-        ("verifier: {defaults: {name: exact}}\n", "unknown key 'defaults'"),
+        ("verifier: {defaults: {name: exact}}\n", "unknown key 'verifier.defaults'"),
         ("policy: [1, 2\n", "invalid YAML"),
         ("- a\n- b\n", "top level must be a mapping"),
     ],

@@ -54,10 +54,10 @@ def export_all(wh: Warehouse, cfg: PivotConfig, out: Path) -> dict[str, int]:
         table = SET_TABLES[pivot_set]
         n = wh.read(table).height
         sizes[pivot_set] = n
-        hf = export_set(cfg, pivot_set, "hf", out / f"{pivot_set}_hf")
+        hf = export_set(Warehouse(cfg.warehouse_dir), pivot_set, "hf", out / f"{pivot_set}_hf")
         dataset = load_from_disk(str(hf))
         assert len(dataset) == n and "conversation_id" in dataset.column_names
-        path = export_set(cfg, pivot_set, "nemo-gym", out / f"{pivot_set}.jsonl")
+        path = export_set(Warehouse(cfg.warehouse_dir), pivot_set, "nemo-gym", out / f"{pivot_set}.jsonl")
         lines = [json.loads(line) for line in Path(path).read_text().splitlines()]
         assert len(lines) == n
         if n:

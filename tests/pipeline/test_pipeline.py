@@ -121,6 +121,8 @@ def test_stale_tracks_inputs_and_run_stale_materializes_only_those(project, tmp_
     "config, argv, expected",
     [
         ("warehouse: ./wh\npolicy: {kk: 1}\n", ["stale"], "config error: "),
+        ("warehouse: ./wh\nverifier: {default: {name: tool_cal}}\n", ["stale"],
+         "pivot.yaml: verifier.default: unknown verifier 'tool_cal' (known: "),
         ("warehouse: ./wh\ninputs:\n  - path: missing/*.json\n", ["run"], "inputs.0.path: no such file"),
         ("warehouse: ./wh\n", ["run", "--select", "key:nope*"], "matches no asset"),
         ("warehouse: ./wh\n", ["sql", "nope_query"], "run `pivot run` first"),

@@ -1,0 +1,99 @@
+"""Identity: which config fields decide what is stale and what is a cache hit (Dagster-free).
+
+A config field belongs to an identity by a marker in its annotation, read here and nowhere else:
+
+    k: Annotated[int, In(ROLLOUTS, SAMPLING)] = Field(8, ge=1)
+
+A field with no marker belongs to no identity (a speed knob, a path of the shell). A new field says where it
+belongs where it is declared; no list elsewhere has to remember it. The identities:
+
+    ROLLOUTS    policy: what changes the samples (the code version of `rollouts`, with the resolved dtype)
+    SAMPLING    policy: a rollout row's sampling_fp (per-sample seeding drops k: sample i is the same draw whatever k)
+    PIVOTS      pivots: the code version of the pivot sets
+    SFT         sft: the SFT model's key and sft_policy's code version
+    TRAINING    training: a GRPO model's key and grpo_run's code version (the ablation's arms too)
+    EVALUATION  training: pivot_eval's code version (evaluation-only keys never retrain a model)
+
+Every code version, run key and row key is `fingerprint(...)`: core/ids.short_hash of core/ids.canonical_json.
+The config-only identities are computed here from the sections they read (typed BaseModel: core/config.py imports
+this module for the marker, so it cannot import the config back); the run keys (training/runs.py,
+training/evaluation.py) add the split, data versions and model fingerprints. The shapes below keep the hashes of
+existing warehouses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from .hardware import resolve_dtype
+from .ids import canonical_json, short_hash
+
+ROLLOUTS, SAMPLING, PIVOTS = "rollouts", "sampling", "pivots"
+SFT, TRAINING, EVALUATION = "sft", "training", "evaluation"
+
+
+class In:
+    """The marker: `Annotated[type, In(identity, ...)]` puts a config field in those identities."""
+
+    def __init__(self, *identities: str) -> None:
+        self.identities = frozenset(identities)
+
+    def __repr__(self) -> str:
+        return f"In({', '.join(sorted(self.identities))})"
+
+
+def fingerprint(obj: Any) -> str:
+    """The one hash of an identity: short_hash(canonical_json(obj))."""
+    return short_hash(canonical_json(obj))
+
+
+def fields_in(section: type[BaseModel] | BaseModel, identity: str) -> list[str]:
+    """The section's fields marked with `identity`, in declaration order."""
+    model = section if isinstance(section, type) else type(section)
+    return [name for name, info in model.model_fields.items()
+            if any(isinstance(m, In) and identity in m.identities for m in info.metadata)]
+
+
+def values(section: BaseModel, identity: str) -> dict:
+    """{field: value as dumped} of the section's fields in `identity`."""
+    names = fields_in(section, identity)
+    dumped = section.model_dump(include=set(names))
+    return {name: dumped[name] for name in names}
+
+
+# -- the config-only identities ---------------------------------------------------------------------
+def adaptive_identity(adaptive: BaseModel | None, lambda_diff: float) -> dict:
+    """What adaptive stopping adds to the identity of the samples and profiles: its settings and lambda_diff
+    (the rule reads it), or nothing when it is off."""
+    if adaptive is None or not adaptive.enabled:
+        return {}
+    return {"adaptive": {**adaptive.model_dump(), "lambda_diff": lambda_diff}}
+
+
+def pivots_version(pivots: BaseModel) -> str:
+    """Code version of the pivot sets: the `pivots:` section."""
+    return fingerprint(values(pivots, PIVOTS))
+
+
+def sft_identity(sft: BaseModel, device: str) -> dict:
+    """The `sft:` section's part of the SFT model's identity: the dtype as resolved on the device SFT runs on
+    (training/runs.sft_identity adds the split)."""
+    return {**values(sft, SFT), "dtype": resolve_dtype(sft.dtype, device).dtype}
+
+
+def training_identity(training: BaseModel) -> dict:
+    """The training section's TRAINING fields (changing eval_k must not retrain), dtype resolved."""
+    section = values(training, TRAINING)
+    if section.get("reward_verifier") is None:
+        section.pop("reward_verifier", None)  # the default keeps the keys of models trained before it existed
+    return {**section, "dtype": resolve_dtype(training.dtype).dtype}
+
+
+def eval_identity(training: BaseModel) -> list:
+    """pivot_eval's code version: [the evaluation-only fields, then the EVALUATION fields a model also depends on
+    (the split and the completion length), in declaration order]."""
+    evaluation, trained = values(training, EVALUATION), set(fields_in(training, TRAINING))
+    return [{k: v for k, v in evaluation.items() if k not in trained},
+            *(v for k, v in evaluation.items() if k in trained)]
