@@ -396,25 +396,7 @@ def _is_list_marker(text: str, m: re.Match) -> bool:
     return not text[line_start:m.start()].strip() and text[m.end():m.end() + 1] in (".", ")")
 
 
-_BULLET = re.compile(r"^([ \t]*)[-*+][ \t]+", re.M)
 _LIST_LINE = re.compile(r"^[ \t]*(?:[-*+]|\d{1,3}[.)])[ \t]+", re.M)
-
-
-def numbered_and_flattened(text: str) -> str:
-    """Bullets as numbers (a counter per indent, reset by any other line), then all lines joined into one: the
-    issue's layout change (markdown and whitespace only)."""
-    out, counters = [], {}
-    for line in text.split("\n"):
-        m = _BULLET.match(line)
-        if m:
-            indent = len(m.group(1).expandtabs(4))
-            counters = {k: v for k, v in counters.items() if k <= indent}
-            counters[indent] = counters.get(indent, 0) + 1
-            line = f"{m.group(1)}{counters[indent]}. {line[m.end():]}"
-        elif line.strip():
-            counters = {}
-        out.append(line)
-    return re.sub(r"\s*\n\s*", " ", "\n".join(out)).strip()
 
 
 def fact_changes(text: str, rng) -> list[tuple[str, str]]:
@@ -580,6 +562,8 @@ def calculate_cases(calls) -> list[dict]:
 
 
 def near_misses(seed: int) -> list[dict]:
+    from tests.verifiers import layouts
+
     rng = random.Random(seed)
     tau2 = _tau2()
     cases = []
@@ -591,10 +575,10 @@ def near_misses(seed: int) -> list[dict]:
             cases.append({"source": "tau2 replies", "kind": label, "expected_action": expected, "candidate": edited})
         if _LIST_LINE.search(text):  # a list: numbered and flattened onto one line, then also one fact changed
             cases.append({"source": "tau2 replies", "kind": "layout", "expected_action": expected,
-                          "candidate": numbered_and_flattened(text)})
+                          "candidate": layouts.numbered_and_flattened(text)})
             for kind, edited in fact_changes(text, rng):
                 cases.append({"source": "tau2 replies", "kind": "fact (laid out): " + kind,
-                              "expected_action": expected, "candidate": numbered_and_flattened(edited)})
+                              "expected_action": expected, "candidate": layouts.numbered_and_flattened(edited)})
     calls = tau2_calls(tau2)
     cases += _free_text_cases("tau2", [c for c in calls if c[0] != "calculate"], rng)
     cases += calculate_cases(calls)

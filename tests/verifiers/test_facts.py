@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from pivot_assets.verifiers import Reason, build_verifier
 from pivot_assets.verifiers.arithmetic import parse_expression
 from pivot_assets.verifiers.facts import extract, fact_difference
+from tests.verifiers.layouts import BULLET, numbered_and_flattened
 
 
 def msg(text: str) -> dict:
@@ -406,25 +407,6 @@ def test_a_changed_number_is_never_taken_for_a_list_number(label, expert, candid
     assert fact_difference(extract(expert), extract(candidate)) is not None
 
 
-_BULLET = re.compile(r"^([ \t]*)[-*+][ \t]+", re.M)
-
-
-def numbered_and_flattened(text: str) -> str:
-    """Bullets as numbers (a counter per indent, reset by any other line), then every line joined into one."""
-    out, counters = [], {}
-    for line in text.split("\n"):
-        m = _BULLET.match(line)
-        if m:
-            indent = len(m.group(1).expandtabs(4))
-            counters = {k: v for k, v in counters.items() if k <= indent}
-            counters[indent] = counters.get(indent, 0) + 1
-            line = f"{m.group(1)}{counters[indent]}. {line[m.end():]}"
-        elif line.strip():
-            counters = {}
-        out.append(line)
-    return re.sub(r"\s*\n\s*", " ", "\n".join(out)).strip()
-
-
 def test_real_airline_replies_laid_out_on_one_line(shared_data_dir):
     """The issue's case: tau2 replies with their lists numbered and flattened keep their facts; one changed
     amount in that layout is still a FACT_MISMATCH."""
@@ -433,7 +415,7 @@ def test_real_airline_replies_laid_out_on_one_line(shared_data_dir):
         pytest.skip(f"{path} absent")
     replies = {m["content"] for sim in json.loads(path.read_text())["simulations"] for m in sim["messages"]
                if m["role"] == "assistant" and not m.get("tool_calls") and isinstance(m.get("content"), str)
-               and _BULLET.search(m["content"] or "")}
+               and BULLET.search(m["content"] or "")}
     v = build_verifier({"name": "tool_call"})
     for text in sorted(replies):
         laid_out = numbered_and_flattened(text)
