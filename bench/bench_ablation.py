@@ -20,16 +20,14 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_demo import cpu_seconds_of_children, step_seconds  # noqa: E402
+from bench.bench_demo import step_seconds, timed_pivot_run  # noqa: E402
 
 
 def work_config(path: Path, warehouse: Path) -> str:
@@ -69,15 +67,8 @@ def main() -> None:
     total = cpu = None
     if not args.report_only:
         config.write_text(work_config(Path(args.config), work / "warehouse"))
-        cpu0, t0 = cpu_seconds_of_children(), time.perf_counter()
-        proc = subprocess.run([str(ROOT / ".venv" / "bin" / "pivot"), "run", "--config", str(config),
-                               "--select", "*ablation_results"], env=env, capture_output=True, text=True)
-        total, cpu = time.perf_counter() - t0, cpu_seconds_of_children() - cpu0
-        (work / "run.log").write_text(proc.stdout + proc.stderr)
-        print(f"rc {proc.returncode}, {total:.0f} s (log: {work / 'run.log'})", flush=True)
-        if proc.returncode:
-            print(proc.stderr[-3000:])
-            sys.exit(proc.returncode)
+        run = timed_pivot_run(config, "*ablation_results", env, work / "run.log")
+        total, cpu = run["total_s"], run["cpu_s"]
     load_end = os.getloadavg()
     os.environ["DAGSTER_HOME"] = env["DAGSTER_HOME"]
     steps = step_seconds()

@@ -52,6 +52,21 @@ def cpu_seconds_of_children() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def timed_pivot_run(config: Path, select: str, env: dict, log: Path) -> dict:
+    """`pivot run --config CONFIG --select SELECT`, timed (wall and CPU seconds of its process tree), its output in
+    `log`; exits with the run's code when it failed."""
+    cpu0, t0 = cpu_seconds_of_children(), time.perf_counter()
+    proc = subprocess.run([str(ROOT / ".venv" / "bin" / "pivot"), "run", "--config", str(config), "--select", select],
+                          env=env, capture_output=True, text=True)
+    total, cpu = time.perf_counter() - t0, cpu_seconds_of_children() - cpu0
+    log.write_text(proc.stdout + proc.stderr)
+    print(f"rc {proc.returncode}, {total:.0f} s (log: {log})", flush=True)
+    if proc.returncode:
+        print(proc.stderr[-3000:])
+        sys.exit(proc.returncode)
+    return {"total_s": total, "cpu_s": cpu}
+
+
 def step_seconds() -> dict[str, float]:
     """Seconds per step of the last run in $DAGSTER_HOME (from its STEP_START / STEP_SUCCESS events)."""
     import dagster as dg

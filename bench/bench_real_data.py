@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +35,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_demo import cpu_seconds_of_children, step_seconds  # noqa: E402
+from bench.bench_demo import step_seconds, timed_pivot_run  # noqa: E402
 
 DATASETS = {"bfcl_multi_turn": ROOT / "configs" / "bfcl_multi_turn.yaml",
             "tau2_airline": ROOT / "configs" / "tau2_airline.yaml"}
@@ -80,16 +79,9 @@ def run(dataset: str, work: Path, smoke: bool = False) -> dict:
            "TRANSFORMERS_OFFLINE": "1"}
     (work / "dagster_home").mkdir(exist_ok=True)
     load = os.getloadavg()
-    cpu0, t0 = cpu_seconds_of_children(), time.perf_counter()
-    proc = subprocess.run([str(ROOT / ".venv" / "bin" / "pivot"), "run", "--config", str(config), "--select", SELECT],
-                          env=env, capture_output=True, text=True)
-    total, cpu = time.perf_counter() - t0, cpu_seconds_of_children() - cpu0
-    (work / "run.log").write_text(proc.stdout + proc.stderr)
-    print(f"{dataset}: rc {proc.returncode}, {total:.0f} s (log: {work / 'run.log'})", flush=True)
-    if proc.returncode:
-        print(proc.stderr[-3000:])
-        sys.exit(proc.returncode)
-    timing = {"total_s": total, "cpu_s": cpu, "load_start": load, "load_end": os.getloadavg()}
+    print(f"{dataset}:", end=" ", flush=True)
+    timing = {**timed_pivot_run(config, SELECT, env, work / "run.log"), "load_start": load,
+              "load_end": os.getloadavg()}
     (work / "timing.json").write_text(json.dumps(timing))
     return timing
 
