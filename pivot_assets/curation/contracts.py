@@ -510,7 +510,16 @@ _CONTEXT_LOCK = threading.Lock()
 def prewarm() -> None:
     """Import Great Expectations and build its context in a background thread, so that a run whose first steps do
     other work (ingest) finds GE ready at its first check instead of waiting seconds for the import. Idempotent."""
-    threading.Thread(target=_context, name="pivot-contracts-prewarm", daemon=True).start()
+    threading.Thread(target=_prewarm, name="pivot-contracts-prewarm", daemon=True).start()
+
+
+def _prewarm() -> None:
+    # Best effort: a run stopped mid-import can break the import here; the first contract check builds the context
+    # again and raises whatever is really wrong, where it matters.
+    try:
+        _context()
+    except BaseException:
+        pass
 
 
 _CONTEXT: tuple | None = None
