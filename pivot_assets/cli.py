@@ -40,6 +40,7 @@ def cmd_run(args) -> int:
     cfg, defs, instance = _defs_and_instance(args)
     if args.missing and not args.stale:
         raise ValueError("--missing goes with --stale")
+    set_aside_damaged_parts(cfg)
     if getattr(args, "shard", None) is not None:
         if args.stale:
             raise ValueError("--shard and --stale are exclusive (`pivot run --stale` runs the stale shards)")
@@ -149,6 +150,8 @@ def cmd_check(args) -> int:
     from pivot_assets.curation.tables import check_tables, contract_params
 
     cfg = _config(args)
+    if args.parts:
+        return check_parts(Warehouse(cfg.warehouse_dir))
     ok = True
     for table, result in check_tables(Warehouse(cfg.warehouse_dir), contract_params(cfg), args.table):
         print(f"{table}: {'PASS' if result.success else 'FAIL'}")
@@ -156,6 +159,28 @@ def cmd_check(args) -> int:
             ok = False
             print(result.summary())
     return 0 if ok else 1
+
+
+def set_aside_damaged_parts(cfg) -> None:
+    """Before a run reads any table (views are refreshed by its first step): damaged parts of the tables it
+    regenerates are set aside by their footers and records (core/parts.py); `rollouts` checks the checksums too."""
+    from pivot_assets.core.parts import DAMAGED_DIR, repair
+    from pivot_assets.core.warehouse import Warehouse
+
+    for problem in repair(Warehouse(cfg.warehouse_dir), checksum=False):
+        print(f"set aside {problem.line()} (kept under {DAMAGED_DIR}/); this run regenerates its rows", file=sys.stderr)
+
+
+def check_parts(wh) -> int:
+    """`pivot check --parts`: one line per table, then one per damaged, missing or foreign part; 1 if any."""
+    from pivot_assets.core.parts import check_all
+
+    tables = check_all(wh)
+    for table in tables:
+        print(table.summary())
+        for problem in table.problems:
+            print(f"  {problem.line()}")
+    return 1 if any(t.problems for t in tables) else 0
 
 
 def cmd_export(args) -> int:
@@ -194,8 +219,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp = verb("verify", cmd_verify, "score (expected_action, candidate) pairs from JSONL")
     sp.add_argument("--input", required=True, help="JSONL file, or - for stdin")
     sp.add_argument("--verifier", default=None, help="use this verifier (default params) for every line")
-    sp = verb("check", cmd_check, "run the Great Expectations data contracts")
+    sp = verb("check", cmd_check, "run the Great Expectations data contracts (or, with --parts, check the files)")
     sp.add_argument("table", nargs="?", default=None)
+    sp.add_argument("--parts", action="store_true",
+                    help="check every table's files (footer, rows, checksum recorded when written): damaged, "
+                         "missing and foreign parts; exit 1 if any")
     sp = verb("export", cmd_export, "export a pivot set for TRL (hf) or NeMo-RL (nemo-gym)")
     sp.add_argument("--set", choices=["adv", "mixed", "cand"], default="adv")
     sp.add_argument("--format", choices=["hf", "nemo-gym"], default="hf")

@@ -78,6 +78,12 @@ def print_report(report, label: str = "run") -> bool:
     return report.success
 
 
+def _failed_check(evaluation) -> str:
+    """`asset:check`, then what failed as the check described it (a contract: expectation, column, one row)."""
+    name = f"{evaluation.asset_key.to_user_string()}:{evaluation.check_name}"
+    return f"{name}: {evaluation.description}" if evaluation.description else name
+
+
 def create_pools(instance: dg.DagsterInstance, pools: set[str], attempts: int = 5) -> None:
     """Give each pool the job's steps claim its limit row before the run starts. Dagster inserts that row on a
     step's first claim, and two runs claiming a new pool at once race on the insert in its Postgres storage (one
@@ -126,11 +132,8 @@ def run_assets(defs: dg.Definitions, keys: list[dg.AssetKey], instance: dg.Dagst
     materialized = sorted(
         {e.asset_key.to_user_string() for e in result.get_asset_materialization_events() if e.asset_key}
     )
-    failed_checks = [
-        f"{e.asset_check_evaluation_data.asset_key.to_user_string()}:{e.asset_check_evaluation_data.check_name}"
-        for e in result.all_events
-        if e.event_type_value == "ASSET_CHECK_EVALUATION" and not e.asset_check_evaluation_data.passed
-    ]
+    failed_checks = [_failed_check(e.asset_check_evaluation_data) for e in result.all_events
+                     if e.event_type_value == "ASSET_CHECK_EVALUATION" and not e.asset_check_evaluation_data.passed]
     error = None
     if not result.success:
         for e in result.all_events:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import time
@@ -36,6 +37,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pivot_assets.core import parts
 from pivot_assets.core.catalog import SQL_DIR
 
 DUCKDB_FILE = "pivot.duckdb"
@@ -438,6 +440,10 @@ class Warehouse:
         final = folder / f"part-{stem}.parquet"
         with self.atomic_path(final) as tmp:
             pq.write_table(table, tmp, compression="zstd")
+            record = parts.record_of(tmp, name, table.num_rows)
+        # after the part is in place: a kill in between leaves a part without a record (checked by its footer)
+        with self.atomic_path(parts.record_path(final)) as tmp:
+            tmp.write_text(json.dumps(record), encoding="utf-8")
         return final
 
     def clean_temp_files(self, name: str) -> int:

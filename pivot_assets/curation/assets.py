@@ -63,7 +63,7 @@ def build_contract_check(cfg: PivotConfig, wh: Warehouse, table: str):
         return dg.AssetCheckResult(
             passed=result.success,
             severity=dg.AssetCheckSeverity.ERROR,
-            description=result.summary().splitlines()[0] if result.success else "; ".join(failed),
+            description=result.headline(),  # a failing run prints it: expectation, column, one offending row
             metadata={
                 "rows": result.n_rows,
                 "failed_expectations": dg.MetadataValue.json(failed),

@@ -72,14 +72,23 @@ class ContractResult:
             f"{self.table}: {'PASS' if self.success else 'FAIL'} "
             f"({stats.get('successful_expectations', 0)}/{stats.get('evaluated_expectations', 0)} expectations, {self.n_rows} rows)"
         )
-        lines = [head]
-        for f in self.failures:
-            where = f" on {f['column']}" if f.get("column") else ""
-            count = f" ({f['unexpected_count']} unexpected)" if f.get("unexpected_count") is not None else ""
-            detail = f": {f['error']}" if f.get("error") else ""
-            sample = f"; e.g. {json.dumps(f['sample_rows'][0], default=str)[:300]}" if f.get("sample_rows") else ""
-            lines.append(f"  - {f['expectation']}{where}{count}{detail}{sample}")
-        return "\n".join(lines)
+        return "\n".join([head, *(f"  - {failure_line(f)}" for f in self.failures)])
+
+    def headline(self) -> str:
+        """One line for a run's error: the first failed expectation, its column and one offending row."""
+        if self.success:
+            return self.summary()
+        more = f" (+{len(self.failures) - 1} more failed expectations)" if len(self.failures) > 1 else ""
+        return f"{self.table}: {failure_line(self.failures[0])}{more}"
+
+
+def failure_line(f: dict) -> str:
+    """A failed expectation as one line: expectation, column, count, error and the first offending row."""
+    where = f" on {f['column']}" if f.get("column") else ""
+    count = f" ({f['unexpected_count']} unexpected)" if f.get("unexpected_count") is not None else ""
+    detail = f": {f['error']}" if f.get("error") else ""
+    sample = f"; e.g. {json.dumps(f['sample_rows'][0], default=str)[:300]}" if f.get("sample_rows") else ""
+    return f"{f['expectation']}{where}{count}{detail}{sample}"
 
 
 def load_suite_spec(table: str) -> dict:
@@ -497,10 +506,20 @@ def _sample_table(con: duckdb.DuckDBPyConnection, columns: dict[str, str], examp
 def _to_pandas(table: pa.Table):
     """Arrow -> pandas for GE: text columns as object dtype (pandas 3 infers a `str` dtype that GE's type check
     does not know; object columns are checked value by value against the suite's "str" type instead)."""
+    import numpy as np
+    import pandas as pd
+
     frame = table.to_pandas()
     for name, kind in zip(table.column_names, table.schema.types):
         if pa.types.is_string(kind) or pa.types.is_large_string(kind):
             frame[name] = frame[name].astype(object)
+        elif pa.types.is_integer(kind) and table.column(name).null_count:
+            # an integer column with nulls (expert_tokens where the engine scores no likelihood) would become
+            # float64 and fail its type check, and GE rejects pandas' nullable Int32 too: object dtype holding
+            # numpy integers of the column's width and None passes value by value (SQL checks the real type)
+            scalar = np.dtype(kind.to_pandas_dtype()).type
+            values = [None if v is None else scalar(v) for v in table.column(name).to_pylist()]
+            frame[name] = pd.Series(values, index=frame.index, dtype=object)
     return frame
 
 

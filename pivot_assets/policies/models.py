@@ -29,6 +29,7 @@ from typing import Any
 from pivot_assets.core.shapes import arguments_dict, to_template_messages  # noqa: F401  (re-exported)
 
 EMBEDDED = "embedded"
+LOCAL_MODEL = "local"  # a policy_fp names a local model dir by this, never by its path
 EMBEDDED_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 log = logging.getLogger(__name__)
 TOOL_CHAT_TEMPLATE: str = (Path(__file__).with_name("chat_template.jinja")).read_text(encoding="utf-8")
@@ -356,19 +357,21 @@ def _weights_hash(model: str) -> str:
     weights = sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".bin", ".gguf", ".pt"))
     if not weights:
         raise ValueError(f"policy model {model!r}: no weight files (*.safetensors, *.bin) in {path}")
-    h = hashlib.sha256((path / "config.json").read_bytes())
+    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    config.pop("_name_or_path", None)  # where the model was loaded from: a place, not the model
+    h = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
     for p in weights:
         h.update(p.name.encode() + file_fingerprint(p).encode())
     return h.hexdigest()[:16]
 
 
 def policy_fingerprint(model: str, fmt: PromptFormat = PromptFormat()) -> str:
-    """Stable id of a local policy: model id/path + weights hash + the resolved chat template (+ decoding rule)
-    + the thinking mode when it is not the default.
+    """Stable id of a local policy by content: `embedded` or `local`, the weights hash, the resolved chat template
+    (+ decoding rule) and the thinking mode when it is not the default.
 
-    The embedded policy is named by its GGUF hash (not the cache path), so the fingerprint is the same
-    on every machine.
+    No path: a model dir copied or moved with its warehouse, or read on another machine, keeps its id (the
+    embedded policy is named by its GGUF hash, not its cache path).
     """
-    name = EMBEDDED if model == EMBEDDED else str(Path(model).expanduser().resolve())
+    name = EMBEDDED if model == EMBEDDED else LOCAL_MODEL
     thinking = "" if fmt.thinking == "keep" else f"|think:{fmt.thinking}"
     return f"{name}|w:{_weights_hash(model)}|t:{template_hash(model, fmt.chat_template)}{thinking}"

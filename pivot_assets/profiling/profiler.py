@@ -25,6 +25,7 @@ sample index; turn_profiles shows it per turn.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING
 import duckdb
 import pyarrow as pa
 
+from pivot_assets.core import parts
 from pivot_assets.core.catalog import EXPERT_LIKELIHOODS_SCHEMA, REWARDS_SCHEMA, ROLLOUTS_SCHEMA
 from pivot_assets.core.config import LAMBDA_DIFF
 from pivot_assets.core.hardware import Precision, resolve_dtype
@@ -45,6 +47,12 @@ from pivot_assets.core.warehouse import Warehouse
 
 from . import adaptive as adaptive_rule
 from .shards import check_layout, part_key, read_sql, shard_turns
+
+_log = logging.getLogger(__name__)
+# The whole tables profiling reads and the command that rebuilds each from the inputs (ingest and turns rewrite
+# them on every run of theirs).
+INPUT_TABLES_FIX = {"trajectories": "pivot run --select trajectories,quarantine,turns",
+                    "turns": "pivot run --select turns"}
 
 if TYPE_CHECKING:
     from pivot_assets.core.config import AdaptiveSection, PivotConfig, PolicySection
@@ -379,6 +387,14 @@ def score_rollouts(
 
 
 # -- per-turn profiles -----------------------------------------------------------------------
+# The population variance, exact where it can be: from the counts when every reward is 0 or 1 (n(k-n)/k^2, so 3 of
+# 6 is 0.25, where var_pop gives 0.25000000000000006), 0 when all rewards are equal, else var_pop capped by its
+# proven bound mean(1-mean) <= 0.25 for values in [0, 1] (Bhatia-Davis): the excess is rounding only.
+REWARD_VAR_SQL = """(case when count(distinct s.reward) = 1 then 0.0
+          when bool_and(s.reward in (0.0, 1.0))
+          then (count(*) filter (where s.reward = 1.0) * count(*) filter (where s.reward = 0.0))::double
+               / (count(*) * count(*))
+          else least(var_pop(s.reward), avg(s.reward) * (1 - avg(s.reward)), 0.25) end)"""
 def profiles_sql(wh: Warehouse, shard: int | None = None, k: int | None = None, round_size: int = 2) -> str:
     """One row per turn under (policy_fp, sampling_fp, verifier_fp) from its samples below k; population variance
     (ddof=0), so for binary rewards reward_var = mean * (1 - mean). Also the expert action's likelihood, and the
@@ -391,8 +407,8 @@ def profiles_sql(wh: Warehouse, shard: int | None = None, k: int | None = None, 
         select s.turn_id, u.trajectory_id, u.domain, s.policy_fp, s.sampling_fp, s.verifier_fp,
                count(*)::int as k,
                avg(s.reward) as reward_mean,
-               var_pop(s.reward) as reward_var,
-               stddev_pop(s.reward) as reward_std,
+               {REWARD_VAR_SQL} as reward_var,
+               sqrt({REWARD_VAR_SQL}) as reward_std,
                count(*) filter (where s.reward >= 1.0)::int as n_pass,
                count(distinct coalesce(s.action, '<unparsed>'))::int as n_distinct_actions,
                l.expert_logprob, l.expert_tokens,
@@ -578,6 +594,7 @@ class Profiler:
         each turn is settled (scored between rounds)."""
         self.wh.clean_temp_files("rollouts")
         self.wh.clean_temp_files("expert_likelihoods")
+        self.check_parts(log, checksum=True)
         check_layout(self.wh, self.shards)
         stats: dict = {"turns_profiled": len(self.turns), "samples_per_turn": self.sampling.k,
                        "policy_fp": self.policy_fp, "sampling_fp": self.sampling_fp, "seeding": self.seeding,
@@ -660,9 +677,22 @@ class Profiler:
         return {"rollouts_generated": n_rows, "generated_tokens": n_tokens, "generation_s": round(wall, 2),
                 "tokens_per_s": round(n_tokens / wall, 1) if wall > 0 else 0.0}
 
+    def check_parts(self, log: Callable[[str], None] | None = None, checksum: bool = False) -> list:
+        """Before a stage reads them: the input tables are intact (else one line naming the file and the fix), and
+        every damaged part of the regenerable tables is set aside (core/parts.py), so this run regenerates its rows."""
+        for table, fix in INPUT_TABLES_FIX.items():
+            parts.require_intact(self.wh, table, fix)
+        damaged = parts.repair(self.wh, checksum=checksum, shard=self.shard)
+        for problem in damaged:
+            message = f"set aside {problem.line()} (kept under {parts.DAMAGED_DIR}/); its rows are regenerated"
+            (log or _log.warning)(message)
+        return damaged
+
     def score(self, log: Callable[[str], None] | None = None, turn_ids: Iterable[str] | None = None) -> dict:
         """Score every current rollout of the wanted turns (or of `turn_ids`) not yet scored under this verifier set."""
         self.wh.clean_temp_files("rollout_rewards")
+        if turn_ids is None:  # a stage's own call (adaptive rounds score within `rollouts`, which checked)
+            self.check_parts(log)
         stats = score_rollouts(self.wh, self.verifiers, self.policy_fp, self.sampling_fp,
                                self.turns if turn_ids is None else turn_ids, progress_log=log, shard=self.shard,
                                k=self.sampling.k)
@@ -676,6 +706,7 @@ class Profiler:
     def profile(self) -> pa.Table:
         """One row per wanted turn under (policy_fp, sampling_fp, verifier_fp): its samples below k, why its
         sampling stopped (stop_reason, p_flip) and its expert action's likelihood."""
+        self.check_parts()
         table, self.prior = adaptive_rule.annotate(self.counts(), self.adaptive, self.sampling.k, self.lambda_diff)
         return table
 

@@ -79,17 +79,22 @@ def test_pivot_sets_satisfy_their_definitions_and_reconcile_with_the_funnel(ware
 
 
 @pytest.mark.parametrize(
-    "name, mutate",
+    "name, mutate, column",
     [
-        ("reward of 2.0", lambda ps: [{**p, "reward_mean": 2.0} if i == 1 else p for i, p in enumerate(ps)]),
-        ("variance inconsistent with the mean", lambda ps: [{**p, "reward_var": 0.2} if i == 1 else p for i, p in enumerate(ps)]),
+        ("reward of 2.0", lambda ps: [{**p, "reward_mean": 2.0} if i == 1 else p for i, p in enumerate(ps)], "reward_mean"),
+        ("variance inconsistent with the mean", lambda ps: [{**p, "reward_var": 0.2} if i == 1 else p for i, p in enumerate(ps)],
+         "std_gap"),
     ],
 )
-def test_corrupted_profiles_fail_the_blocking_check_and_stop_downstream(warehouse, name, mutate):
+def test_corrupted_profiles_fail_the_blocking_check_and_stop_downstream(warehouse, name, mutate, column):
     wh, turns = warehouse
     write_profiles(wh, turns, mutate)
     report = materialize(wh)
-    assert "pivots_mixed:data_contract" in report.failed_checks, (name, report)
+    failed = [c for c in report.failed_checks if c.startswith("pivots_mixed:data_contract: ")]
+    assert failed, (name, report)
+    # the run's error names the expectation, the column and one offending row (no separate `pivot check` needed)
+    assert f"expect_column_values_to_be_between on {column}" in failed[0] and "e.g. {" in failed[0], failed[0]
+    assert turns[1]["turn_id"] in failed[0], failed[0]
     # the blocking checks stop everything below the broken sets: the training export is not written
     assert "pivot_dataset" not in report.materialized and "pivot_nemo_gym" not in report.materialized, report
     record = dg.DagsterInstance.get().event_log_storage.get_latest_asset_check_execution_by_key(

@@ -104,6 +104,24 @@ def test_embedded_conversion_is_cached_and_leaves_no_temp_dirs(embedded_model_di
     assert (embedded_model_dir / "config.json").is_file() and list(embedded_model_dir.glob("*.safetensors"))
 
 
+def test_a_model_is_identified_by_content_not_by_place(embedded_model_dir, tmp_path):
+    """A model dir copied elsewhere (a moved warehouse, another machine) keeps its fingerprint; no path is in it."""
+    import json
+    import os
+    import shutil
+
+    moved = tmp_path / "elsewhere" / "sft_policy"
+    shutil.copytree(embedded_model_dir, moved, copy_function=os.link)
+    fp = policy_fingerprint(str(embedded_model_dir))
+    assert policy_fingerprint(str(moved)) == fp and fp.startswith("local|w:")
+    assert str(embedded_model_dir) not in fp and "/" not in fp
+    # a saved config that records where it was loaded from is the same model
+    config = json.loads((moved / "config.json").read_text())
+    (moved / "config.json").unlink()  # a hard link: never write through it into the shared dir
+    (moved / "config.json").write_text(json.dumps({**config, "_name_or_path": str(tmp_path)}))
+    assert policy_fingerprint(str(moved)) == fp
+
+
 def test_fingerprints(embedded_model_dir):
     fp = policy_fingerprint("embedded")
     assert fp.startswith("embedded|w:") and fp == policy_fingerprint("embedded")

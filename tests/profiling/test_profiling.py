@@ -107,3 +107,31 @@ def test_profile_real_shared_data(tmp_path, monkeypatch, embedded_model_dir, sha
     assert pivot(["run", "--select", stages]) == 0
     assert last_metadata("rollouts")["turns_generated"] == 0
     assert len(rollout_keys(tmp_path)) == 4 * K
+
+
+def test_truncated_rollouts_part_is_named_then_repaired_by_the_next_run(project, capsys):
+    """A part cut short (an interrupted copy): `pivot check --parts` names it and exits 1; `pivot run` sets it aside
+    and regenerates exactly its rows (per-sample seeds: the same completions); the check then exits 0."""
+    (project / "pivot.yaml").write_text(BASE.replace("batch_size: 4", "batch_size: 2"))  # several parts
+    stages = "trajectories,turns,rollouts,rollout_rewards,turn_profiles"
+    assert pivot(["run", "--select", stages]) == 0
+    query = f"select turn_id, sample_index, completion from read_parquet('{project}/wh/rollouts/part-*.parquet') order by all"
+    before = duckdb.sql(query).fetchall()
+    parts = sorted((project / "wh" / "rollouts").glob("part-*.parquet"))
+    assert len(parts) > 1
+    victim = parts[1]
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    capsys.readouterr()
+
+    assert pivot(["check", "--parts"]) == 1
+    out = capsys.readouterr().out
+    assert "rollouts: FAIL" in out and f"damaged {victim}: unreadable Parquet footer" in out
+
+    assert pivot(["run", "--select", stages]) == 0
+    assert duckdb.sql(query).fetchall() == before  # the same rows, the same completions
+    assert last_metadata("rollouts")["turns_generated"] >= 1
+    assert (project / "wh" / "damaged_parts" / "rollouts" / victim.name).is_file()  # kept, with its reason
+    assert "unreadable Parquet footer" in (project / "wh" / "damaged_parts" / "rollouts" / f"{victim.name}.reason").read_text()
+    capsys.readouterr()
+    assert pivot(["check", "--parts"]) == 0
+    assert "rollouts: ok" in capsys.readouterr().out

@@ -120,8 +120,27 @@ def test_sft_grpo_eval_materialize_and_evaluation_uses_the_configured_engine(tmp
     assert "not retraining" in err or engines == []
     assert engines == []
 
-    # Evaluation in 2 worker processes gives exactly the serial numbers (the same seeded draws per turn).
+    # A warehouse copied to another directory regenerates nothing (identities are by content, not by place), and
+    # no table or export carries a local path.
     import shutil
+
+    shutil.copytree(tmp_path / "wh", tmp_path / "moved" / "wh")
+    (tmp_path / "pivot.yaml").write_text(CONFIG.replace("warehouse: ./wh", "warehouse: ./moved/wh"))
+    engines.clear()
+    assert pivot(["run"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert engines == []
+    moved = tmp_path / "moved" / "wh"
+    assert sorted(p.name for p in (moved / "rollouts").rglob("*.parquet")) == \
+        sorted(p.name for p in (tmp_path / "wh" / "rollouts").rglob("*.parquet"))
+    with duckdb.connect(str(moved / "pivot.duckdb"), read_only=True) as con:
+        fps = {r[0] for r in con.sql("select distinct policy_fp from turn_profiles").fetchall()}
+    assert fps and all(str(tmp_path) not in fp and fp.startswith("local|w:") for fp in fps), fps
+    exported = (moved / "exports" / "pivots_adv.jsonl").read_text()
+    assert str(tmp_path) not in exported
+    (tmp_path / "pivot.yaml").write_text(CONFIG)
+
+    # Evaluation in 2 worker processes gives exactly the serial numbers (the same seeded draws per turn).
 
     serial = _eval_rows(tmp_path)
     shutil.rmtree(tmp_path / "wh" / "eval_cache")
