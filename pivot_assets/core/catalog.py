@@ -111,6 +111,10 @@ EXPERT_LIKELIHOODS_SCHEMA = pa.schema(
 # does not settle: after a verifier or rule change; `rollouts` tops them up).
 STOP_REASONS = ("k_reached", "settled", "posterior", "unsettled")
 EARLY_STOPS = ("settled", "posterior")  # stopped before k because the rule vouches for the membership
+# Turns the profiler left out, with why (profiling/prompt_guard.py: a prompt longer than policy.max_prompt_tokens).
+SKIPPED_TURNS = "skipped_turns"
+SKIPPED_TURNS_SCHEMA = pa.schema([("turn_id", pa.string()), ("trajectory_id", pa.string()), ("reason", pa.string()),
+                                  ("n_prompt_tokens", pa.int64()), ("max_prompt_tokens", pa.int64())])
 SELECTION_LOG_SCHEMA = pa.schema(
     [("turn_id", pa.string()), ("set", pa.string()), ("kept", pa.bool_()), ("reason", pa.string())]
 )
@@ -152,6 +156,7 @@ TABLES: dict[str, Table] = {
         Table("turn_profiles", _PROFILE_KEY, related=("rollout_rewards",)),
         *(Table(name, _PROFILE_KEY, blocking=True, related=("turns",)) for name in PIVOT_TABLES),
         Table(SELECTION_LOG, ("turn_id", "set"), SELECTION_LOG_SCHEMA, contract=False),
+        Table(SKIPPED_TURNS, ("turn_id",), SKIPPED_TURNS_SCHEMA, contract=False),
     )
 }
 CONTRACT_TABLES = tuple(name for name, t in TABLES.items() if t.contract)

@@ -97,6 +97,9 @@ class PolicySection(_Strict):
     max_new_tokens: Annotated[int, In(ROLLOUTS, SAMPLING)] = Field(256, ge=1)
     seed: Annotated[int, In(ROLLOUTS, SAMPLING)] = 0
     limit_turns: Annotated[int | None, In(ROLLOUTS)] = Field(None, ge=1)
+    # turns whose rendered prompt has more tokens are not profiled (listed in skipped_turns); null: the model's
+    # context minus max_new_tokens (profiling/prompt_guard.py)
+    max_prompt_tokens: Annotated[int | None, In(ROLLOUTS)] = Field(None, ge=1)
     dtype: Dtype = "auto"  # auto: bf16 only where the device runs it natively (core/hardware.py)
     device: Annotated[str, In(ROLLOUTS)] = "cpu"  # cpu | cuda | cuda:N (transformers backend; vllm: cpu or cuda)
     batch_size: int = Field(64, ge=1)  # decode rows (turns x K) per engine call, and per rollouts part

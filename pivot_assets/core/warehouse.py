@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pivot_assets.core import parts
-from pivot_assets.core.catalog import SQL_DIR
+from pivot_assets.core.catalog import SKIPPED_TURNS, SKIPPED_TURNS_SCHEMA, SQL_DIR
 
 DUCKDB_FILE = "pivot.duckdb"
 LOCATION_FILE = "location.txt"  # in an object-store warehouse's local state dir: the s3:// URI of its tables
@@ -526,7 +526,7 @@ class Warehouse:
         else:
             names = {p.stem for p in self.root.glob("*.parquet")}
             names |= {d.name for d in self.root.iterdir() if d.is_dir() and _NAME.match(d.name) and self.part_files(d.name)}
-        return sorted(n for n in names if _NAME.match(n))
+        return sorted(n for n in names if _NAME.match(n) and n != parts.DAMAGED_DIR)  # set-aside parts: no table
 
     def duck(self, **config) -> duckdb.DuckDBPyConnection:
         """An in-memory DuckDB that reads this warehouse's tables (see connect_for)."""
@@ -551,6 +551,9 @@ class Warehouse:
                     f"create or replace view {name} as "
                     f"select * from read_parquet('{self.source_glob(name)}', union_by_name = true, hive_partitioning = false)"
                 )
+            if SKIPPED_TURNS not in self.tables():  # none skipped (a warehouse profiled before the prompt guard)
+                columns = ", ".join(f"null::{_DUCK_TYPES[str(f.type)]} as {f.name}" for f in SKIPPED_TURNS_SCHEMA)
+                con.execute(f"create or replace view {SKIPPED_TURNS} as select {columns} where false")
             for path in sorted(SQL_DIR.glob("*.sql")):
                 text = path.read_text(encoding="utf-8")
                 try:
@@ -562,6 +565,9 @@ class Warehouse:
                 except duckdb.Error as e:
                     status[path.stem] = str(e).splitlines()[0]
         return status
+
+
+_DUCK_TYPES = {"string": "varchar", "int64": "bigint"}
 
 
 def _strip_sql(text: str) -> str:

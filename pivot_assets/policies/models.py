@@ -235,6 +235,17 @@ def cache_keyword(net) -> str:
     return "cache" if "cache" in inspect.signature(net.forward).parameters else "past_key_values"
 
 
+def context_length(model: str) -> int | None:
+    """The model's context in tokens (config.json: max_position_embeddings, or n_positions), None if unstated."""
+    config = json.loads((resolve_model_dir(model) / "config.json").read_text(encoding="utf-8"))
+    text = config.get("text_config") or {}  # multimodal configs nest the language model's
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        value = config.get(key) or text.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
 def load_tokenizer(model: str = EMBEDDED, fmt: PromptFormat = PromptFormat()):
     """The model's tokenizer with the chat template `fmt` resolves to and a pad token."""
     from transformers import AutoTokenizer

@@ -46,6 +46,7 @@ from pivot_assets.core.split import WARMUP, ConversationSplit
 from pivot_assets.core.warehouse import Warehouse
 
 from . import adaptive as adaptive_rule
+from . import prompt_guard
 from .shards import check_layout, part_key, read_sql, shard_turns
 
 _log = logging.getLogger(__name__)
@@ -466,7 +467,10 @@ def policy_version(policy: "PolicySection", seeding: str = PER_TURN, adaptive: "
     slightly different tokens, so moving to a CPU without bf16 must regenerate), per-sample seeding (other draws
     than per-turn seeding) and adaptive stopping (which samples exist: turning it off or tightening it tops up)."""
     extra = {} if seeding == PER_TURN else {"seeding": seeding}
-    return fingerprint({**values(policy, ROLLOUTS), "dtype": policy_precision(policy).dtype, **extra,
+    section = values(policy, ROLLOUTS)
+    if section.get("max_prompt_tokens") is None:
+        section.pop("max_prompt_tokens", None)  # the default guard keeps the versions of warehouses before it
+    return fingerprint({**section, "dtype": policy_precision(policy).dtype, **extra,
                         **adaptive_identity(adaptive, lambda_diff)})
 
 
@@ -571,11 +575,37 @@ class Profiler:
         return f"{policy_fingerprint(model, fmt)}|{self.policy.backend}:{self.precision.dtype}"
 
     @cached_property
-    def turns(self) -> list[str]:
+    def wanted_turns(self) -> list[str]:
         """The wanted turns (all outside the warm-up split, or the first limit_turns of them), then those of this
         shard: the shards of a limit_turns config together profile exactly the turns one unsharded run would."""
         turns = select_turns(self.wh, self.policy.limit_turns, self.split)
         return turns if self.shard is None else shard_turns(self.wh, turns, self.shard, self.shards)
+
+    @cached_property
+    def turns(self) -> list[str]:
+        """The wanted turns less those the prompt guard skipped (skipped_turns, written by guard_prompts)."""
+        skipped = set()
+        if self.wh.exists(prompt_guard.SKIPPED_TURNS):
+            skipped = set(self.wh.read_arrow(prompt_guard.SKIPPED_TURNS, ["turn_id"]).column("turn_id").to_pylist())
+        return [t for t in self.wanted_turns if t not in skipped]
+
+    def guard_prompts(self, log: Callable[[str], None] | None = None) -> list[dict]:
+        """Record the wanted turns whose prompt does not fit the model's context (prompt_guard.py) in skipped_turns
+        and leave them out of this profiler's turns."""
+        from pivot_assets.policies.models import PromptFormat, load_tokenizer
+
+        model = policy_model(self.policy, self.wh)
+        limit = prompt_guard.prompt_limit(self.policy, model)
+        rows = []
+        if limit is not None and self.wanted_turns:
+            tokenizer = load_tokenizer(model, PromptFormat.from_policy(self.policy))
+            rows = prompt_guard.too_long(generation_requests(self.wh, self.wanted_turns), tokenizer, limit)
+        prompt_guard.write_skipped(self.wh, rows, self.shard)
+        skipped = {r["turn_id"] for r in rows}
+        self.turns = [t for t in self.wanted_turns if t not in skipped]
+        if rows and log:
+            log(prompt_guard.skipped_line(rows, limit))
+        return rows
 
     @cached_property
     def round_size(self) -> int:
@@ -596,7 +626,9 @@ class Profiler:
         self.wh.clean_temp_files("expert_likelihoods")
         self.check_parts(log, checksum=True)
         check_layout(self.wh, self.shards)
-        stats: dict = {"turns_profiled": len(self.turns), "samples_per_turn": self.sampling.k,
+        skipped = self.guard_prompts(log)
+        stats: dict = {"turns_profiled": len(self.turns), "turns_prompt_too_long": len(skipped),
+                       "samples_per_turn": self.sampling.k,
                        "policy_fp": self.policy_fp, "sampling_fp": self.sampling_fp, "seeding": self.seeding,
                        **self.precision.as_metadata()}
         backend = _Lazy(self.build_backend)

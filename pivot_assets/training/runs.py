@@ -89,8 +89,15 @@ def model_fingerprint(model: str, cfg: PivotConfig) -> str:
     return policy_fingerprint(model, PromptFormat.from_policy(cfg.policy))
 
 
+def trajectories_version(wh: Warehouse) -> str:
+    """The trajectories' content: their ids hash messages and tools (core/ids.py). Not the file's bytes, whose
+    `source` column names the input file's path, which moves with the project."""
+    ids = wh.read_arrow("trajectories", ["trajectory_id"]).column("trajectory_id").to_pylist()
+    return fingerprint(sorted(ids))
+
+
 def sft_key(wh: Warehouse, cfg: PivotConfig) -> str:
-    return fingerprint({**sft_identity(cfg), "data": wh.data_version("trajectories"),
+    return fingerprint({**sft_identity(cfg), "data": trajectories_version(wh),
                         "base": model_fingerprint(base_model(cfg), cfg)})
 
 

@@ -114,6 +114,7 @@ def stubbed_keys(monkeypatch):
     monkeypatch.setattr(runs, "model_fingerprint",
                         lambda model, cfg: f"model:{Path(model).name}:{cfg.policy.chat_template}:{cfg.policy.thinking}")
     monkeypatch.setattr(runs, "has_cuda", lambda: False)
+    monkeypatch.setattr(runs, "trajectories_version", lambda wh: wh.data_version("trajectories"))
     monkeypatch.setattr(training_split, "split_fingerprint", lambda wh, split: "split")
 
 

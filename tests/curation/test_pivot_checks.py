@@ -71,7 +71,8 @@ def test_pivot_sets_satisfy_their_definitions_and_reconcile_with_the_funnel(ware
     n_mixed = sum(1 for i in range(len(turns)) if i % 5 in (1, 2, 3))
     n_adv = sum(1 for i in range(len(turns)) if i % 5 in (1, 2))
     funnel = dict(con.sql("select stage, turns from pivot_funnel").fetchall())
-    assert funnel == {"turns": len(turns), "profiled": len(turns), "mixed": n_mixed, "adv": n_adv, "cand": n_adv}
+    assert funnel == {"turns": len(turns), "prompt_too_long": 0, "profiled": len(turns), "mixed": n_mixed, "adv": n_adv,
+                      "cand": n_adv}
     # every rejected turn is written with its reason
     log = dict(con.sql("select reason, count(*) from pivot_selection_log where set = 'adv' and not kept group by 1").fetchall())
     assert sum(log.values()) == len(turns) - n_adv

@@ -8,6 +8,7 @@ import duckdb
 import polars as pl
 import pytest
 
+from pivot_assets.core.catalog import SKIPPED_TURNS, SKIPPED_TURNS_SCHEMA
 from pivot_assets.core.config import PivotsSection
 from pivot_assets.curation.selection import funnel_counts, rejection_counts, select_pivots
 from pivot_assets.core.ids import canonical_json, turn_id
@@ -169,7 +170,8 @@ def sql_world():
     profiles, turns = make_tables()
     result = select_pivots(profiles, turns, PivotsSection(max_per_trajectory=2))
     con = duckdb.connect()
-    tables = {"turns": turns, "turn_profiles": profiles, **{k: v for k, v in result.items() if k.startswith("pivots_")}}
+    tables = {"turns": turns, "turn_profiles": profiles, **{k: v for k, v in result.items() if k.startswith("pivots_")},
+              SKIPPED_TURNS: pl.from_arrow(SKIPPED_TURNS_SCHEMA.empty_table())}
     for name, frame in tables.items():
         con.register(f"{name}_df", frame.to_arrow())
         con.execute(f"create view {name} as select * from {name}_df")
@@ -190,7 +192,7 @@ def test_sql_definitions_hold_and_funnel_reconciles(sql_world):
     assert con.execute("select count(*) from pivots_mixed where not (reward_var > 0)").fetchone()[0] == 0
     funnel = {r["stage"]: r["turns"] for r in rows(con, "select * from pivot_funnel")}
     expected = funnel_counts(result)
-    assert funnel == {k: expected[k] for k in ("turns", "profiled", "mixed", "adv", "cand")}
+    assert funnel == {"prompt_too_long": 0, **{k: expected[k] for k in ("turns", "profiled", "mixed", "adv", "cand")}}
     assert rows(con, "select * from pivot_funnel")[0]["share_of_turns"] == 1.0
 
 

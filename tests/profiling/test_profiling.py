@@ -135,3 +135,48 @@ def test_truncated_rollouts_part_is_named_then_repaired_by_the_next_run(project,
     capsys.readouterr()
     assert pivot(["check", "--parts"]) == 0
     assert "rollouts: ok" in capsys.readouterr().out
+
+
+def test_prompts_past_max_prompt_tokens_are_listed_not_profiled(project, capsys):
+    """policy.max_prompt_tokens: a longer turn gets no rollouts; it is listed with its reason and token count in
+    skipped_turns, counted in the funnel, and shown by `pivot sql not_profiled`."""
+    from pivot_assets.core.warehouse import Warehouse
+    from pivot_assets.policies.models import load_tokenizer, render_prompt
+    from pivot_assets.profiling.profiler import generation_requests, select_turns
+
+    assert pivot(["run", "--select", "trajectories,turns"]) == 0
+    wh = Warehouse(project / "wh")
+    tokenizer = load_tokenizer("embedded")
+    wanted = select_turns(wh, TURNS)
+    lengths = {r.turn_id: len(tokenizer(render_prompt(tokenizer, r.messages, r.tools), add_special_tokens=False)["input_ids"])
+               for r in generation_requests(wh, wanted)}
+    limit = sorted(lengths.values())[len(lengths) // 2]  # about half the turns fit
+    too_long = {t for t, n in lengths.items() if n > limit}
+    assert too_long and len(too_long) < TURNS
+    (project / "pivot.yaml").write_text(BASE.replace("limit_turns:", f"max_prompt_tokens: {limit}, limit_turns:"))
+
+    assert pivot(["run", "--select", "rollouts,rollout_rewards,turn_profiles"]) == 0
+    assert {k[0] for k in rollout_keys(project)} == set(wanted) - too_long
+    con = duckdb.connect(str(project / "wh" / "pivot.duckdb"), read_only=True)
+    skipped = con.sql("select turn_id, reason, n_prompt_tokens, max_prompt_tokens from skipped_turns").fetchall()
+    assert {r[0] for r in skipped} == too_long
+    assert all(r[1] == "prompt_too_long" and r[2] == lengths[r[0]] > r[3] == limit for r in skipped)
+    profiled = {r[0] for r in con.sql("select turn_id from turn_profiles").fetchall()}
+    assert profiled == set(wanted) - too_long
+    con.close()
+    assert last_metadata("rollouts")["turns_prompt_too_long"] == len(too_long)
+    capsys.readouterr()
+    assert pivot(["sql", "not_profiled", "--format", "csv"]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 1 + len(too_long)
+
+
+def test_the_default_prompt_limit_is_the_models_context_less_the_completion(embedded_model_dir):
+    from pivot_assets.core.config import PolicySection
+    from pivot_assets.policies.models import context_length
+    from pivot_assets.profiling.prompt_guard import prompt_limit
+
+    assert context_length("embedded") >= 2048
+    assert prompt_limit(PolicySection(max_new_tokens=40), "embedded") == context_length("embedded") - 40
+    assert prompt_limit(PolicySection(max_prompt_tokens=100), "embedded") == 100
+    served = PolicySection(backend="openai", model="served", base_url="http://127.0.0.1:1/v1")
+    assert prompt_limit(served, "served") is None  # no local tokenizer: the server rejects what does not fit
