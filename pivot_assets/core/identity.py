@@ -83,12 +83,13 @@ def sft_identity(sft: BaseModel, device: str) -> dict:
     return {**values(sft, SFT), "dtype": resolve_dtype(sft.dtype, device).dtype}
 
 
-def training_identity(training: BaseModel) -> dict:
-    """The training section's TRAINING fields (changing eval_k must not retrain), dtype resolved."""
+def training_identity(training: BaseModel, device: str = "cpu") -> dict:
+    """The training section's TRAINING fields (changing eval_k must not retrain), dtype resolved on the device
+    training runs on (a run key passes the real one; an asset's code version, built without torch, the CPU)."""
     section = values(training, TRAINING)
     if section.get("reward_verifier") is None:
         section.pop("reward_verifier", None)  # the default keeps the keys of models trained before it existed
-    return {**section, "dtype": resolve_dtype(training.dtype).dtype}
+    return {**section, "dtype": resolve_dtype(training.dtype, device).dtype}
 
 
 def eval_identity(training: BaseModel) -> list:

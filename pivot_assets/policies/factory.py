@@ -10,10 +10,29 @@ from pydantic import ValidationError
 from pivot_assets.core.config import PolicySection
 from pivot_assets.core.hardware import resolve_dtype, resolve_threads
 
-from .base import PolicyBackend
+from .base import EngineCapabilities, PolicyBackend
 from .models import PromptFormat
 
-BACKENDS = ("transformers", "vllm", "openai")
+# Each engine's capabilities: the one place a backend's name maps to what it can do.
+ENGINES = {
+    "transformers": EngineCapabilities(local_model=True, torch_in_process=True, turn_rows_together=True,
+                                       scores_continuation=True, prefix_reuse=False, bounded_thinking=True,
+                                       packages=("torch", "transformers")),
+    "vllm": EngineCapabilities(local_model=True, torch_in_process=False, turn_rows_together=False,
+                               scores_continuation=False, prefix_reuse=True, bounded_thinking=False,
+                               packages=("vllm",)),
+    "openai": EngineCapabilities(local_model=False, torch_in_process=False, turn_rows_together=False,
+                                 scores_continuation=False, prefix_reuse=False, bounded_thinking=False),
+}
+BACKENDS = tuple(ENGINES)
+
+
+def capabilities(backend: str) -> EngineCapabilities:
+    """What the engine `policy.backend` names can do."""
+    try:
+        return ENGINES[backend]
+    except KeyError:
+        raise ValueError(f"policy.backend {backend!r}: expected one of {', '.join(BACKENDS)}") from None
 
 
 def policy_section(policy: PolicySection | Mapping) -> PolicySection:
@@ -39,7 +58,7 @@ def build_backend(policy: PolicySection | Mapping, *, model: str | None = None,
     policy = policy_section(policy)
     model = model or policy.model
     fmt = PromptFormat.from_policy(policy)
-    if policy.thinking_budget is not None and policy.backend != "transformers":
+    if policy.thinking_budget is not None and not capabilities(policy.backend).bounded_thinking:
         raise ValueError(f"policy.thinking_budget is implemented by the transformers backend, not {policy.backend}: "
                          "bound thoughts with max_new_tokens or thinking: off there")
     if policy.backend == "transformers":

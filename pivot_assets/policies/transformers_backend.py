@@ -184,7 +184,6 @@ class TransformersBackend:
 
     # ---- public ----------------------------------------------------------------------------------
     per_row_seeds = True  # generate(..., rows=...) is supported (profiling/profiler.Profiler.generate_samples)
-    scores_expert_actions = True  # a request's `expert` is teacher-forced (SampleBatch.likelihoods)
 
     def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig,
                  rows: RowSeeds | None = None) -> Iterator[list[Sample]]:

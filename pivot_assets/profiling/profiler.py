@@ -44,6 +44,7 @@ from pivot_assets.core.ids import canonical_json
 from pivot_assets.core.progress import Progress
 from pivot_assets.core.split import WARMUP, ConversationSplit
 from pivot_assets.core.warehouse import Warehouse
+from pivot_assets.policies.factory import capabilities
 
 from . import adaptive as adaptive_rule
 from . import prompt_guard
@@ -456,7 +457,7 @@ def policy_model(policy: "PolicySection", wh: Warehouse) -> str:
 
 def policy_precision(policy: "PolicySection") -> Precision:
     """The dtype profiling samples in (a server decides its own: reported as such)."""
-    if policy.backend == "openai":
+    if not capabilities(policy.backend).local_model:
         return Precision("server", policy.dtype, "server", "the server chooses its dtype")
     return resolve_dtype(policy.dtype, policy.device)
 
@@ -567,12 +568,17 @@ class Profiler:
         """Fingerprint of the configured reference policy, without loading it."""
         from pivot_assets.policies.models import PromptFormat, policy_fingerprint
 
-        if self.policy.backend == "openai":  # the server renders with its own template; thinking is sent to it
+        if not self.engine.local_model:  # the server renders with its own template; thinking is sent to it
             thinking = "" if self.policy.thinking == "keep" else f"|think:{self.policy.thinking}"
             return f"openai|{self.policy.base_url}|{self.policy.model}{thinking}"
         model = policy_model(self.policy, self.wh)
         fmt = PromptFormat.from_policy(self.policy)  # the template and thinking mode change the samples
         return f"{policy_fingerprint(model, fmt)}|{self.policy.backend}:{self.precision.dtype}"
+
+    @cached_property
+    def engine(self):
+        """What the configured engine can do (policies/base.EngineCapabilities)."""
+        return capabilities(self.policy.backend)
 
     @cached_property
     def wanted_turns(self) -> list[str]:
@@ -615,7 +621,7 @@ class Profiler:
         from pivot_assets.core.hardware import configure_torch
         from pivot_assets.policies.factory import build_backend
 
-        if self.policy.backend == "transformers":
+        if self.engine.torch_in_process:
             configure_torch(self.threads)
         return build_backend(self.policy, model=policy_model(self.policy, self.wh), threads=self.threads)
 
@@ -758,7 +764,7 @@ class Profiler:
         self.wh.clean_temp_files("rollouts")
         done = done_samples(self.wh, self.policy_fp, self.sampling_fp, self.shard)
         order, k = turn_order(self.wh, self.turns), range(self.sampling.k)
-        pairs = ((t, i) for t in order for i in k) if self.policy.backend == "transformers" else \
+        pairs = ((t, i) for t in order for i in k) if self.engine.turn_rows_together else \
             ((t, i) for i in k for t in order)
         return [{"turn_id": t, "sample_index": i} for t, i in pairs if (t, i) not in done]
 
@@ -768,7 +774,7 @@ class Profiler:
         stored expert likelihood get it too (a backend that teacher-forces), in a part of the same name."""
         turns = {r["turn_id"] for r in rows}
         experts = (turns - done_likelihoods(self.wh, self.policy_fp, self.sampling_fp, self.shard)
-                   if getattr(backend, "scores_expert_actions", False) else set())
+                   if self.engine.scores_continuation else set())
         requests = {q.turn_id: q for q in generation_requests(self.wh, turns, experts)}
         t0 = time.perf_counter()
         samples, likelihoods = (self._samples_per_row(backend, rows, requests)

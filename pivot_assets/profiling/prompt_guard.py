@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from pivot_assets.core.catalog import SKIPPED_TURNS, SKIPPED_TURNS_SCHEMA
 from pivot_assets.core.warehouse import Warehouse
+from pivot_assets.policies.factory import capabilities
 
 PROMPT_TOO_LONG = "prompt_too_long"
 
@@ -24,7 +25,7 @@ def prompt_limit(policy, model: str) -> int | None:
     """The configured limit, else the model's context minus max_new_tokens; None where no local model says it."""
     if policy.max_prompt_tokens is not None:
         return policy.max_prompt_tokens
-    if policy.backend == "openai":
+    if not capabilities(policy.backend).local_model:
         return None
     from pivot_assets.policies.models import context_length
 

@@ -87,7 +87,7 @@ class ShardGenerator:
         init_at = time.time()
         cfg = PivotConfig.model_validate(config)
         self.profiler = Profiler.for_config(cfg, shard=shard)
-        if cfg.policy.backend == "transformers":
+        if self.profiler.engine.torch_in_process:
             configure_torch(cfg.runtime.threads)
         backend_at = time.time()
         self.backend = build_backend(cfg.policy, model=policy_model(cfg.policy, self.profiler.wh),

@@ -17,6 +17,7 @@ import shlex
 import time
 
 from pivot_assets.core.config import PivotConfig
+from pivot_assets.policies.factory import capabilities
 
 MARK = "PIVOT_PREFLIGHT "
 # The job's entrypoint: plain Python, so it reports what it cannot import even where this package is not importable.
@@ -31,7 +32,6 @@ except ImportError as e:
     done(False, "driver", "cannot import " + (e.name or str(e)))
 done(*check_cluster(sys.argv[1]))
 """
-BACKEND_PACKAGES = {"transformers": ("torch", "transformers"), "vllm": ("vllm",), "openai": ()}
 TIMEOUT_S = 300
 
 
@@ -46,7 +46,7 @@ def open_warehouse(config_json: str) -> tuple[bool, str]:
     except ImportError as e:
         return False, f"cannot import {e.name or e}"
     cfg = PivotConfig.model_validate(json.loads(config_json))
-    missing = [p for p in BACKEND_PACKAGES.get(cfg.policy.backend, ()) if importlib.util.find_spec(p) is None]
+    missing = [p for p in capabilities(cfg.policy.backend).packages if importlib.util.find_spec(p) is None]
     if missing:
         return False, f"cannot import {', '.join(missing)} (policy.backend {cfg.policy.backend})"
     try:

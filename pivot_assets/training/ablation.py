@@ -116,8 +116,8 @@ def train_arm(wh: "Warehouse", cfg: "PivotConfig", arm: str, seed: int, verifier
     from pivot_assets.core.hardware import resolve_dtype
     from pivot_assets.core.ids import canonical_json, short_hash
 
-    from .runs import (ARM_SPECS, arm_dir, arm_key, has_cuda, init_model, is_done, prompts_per_step, steps_for_pool,
-                       write_marker)
+    from .runs import (ARM_SPECS, arm_dir, arm_key, init_model, is_done, prompts_per_step, steps_for_pool,
+                       training_device, write_marker)
 
     trainer, pivot_set, _ = ARM_SPECS[arm]
     verifiers = arm_verifiers(verifier_sets, arm)
@@ -165,7 +165,7 @@ def train_arm(wh: "Warehouse", cfg: "PivotConfig", arm: str, seed: int, verifier
 
         steps = steps_for_pool(len(turn_ids), prompts_per_step(cfg, "grpo"), epochs)
         dataset = to_hf_dataset(pivots, wh.read("trajectories"))
-        device = "cuda" if has_cuda() else "cpu"
+        device = training_device()
         options = cfg.training.model_copy(update={"steps": steps, "seed": seed})
         log(f"ablation {arm} seed {seed}: grpo on {len(turn_ids)} {SET_TABLES[pivot_set]} pool turns, {steps} steps "
             f"({epochs} pass(es)) from {init}")

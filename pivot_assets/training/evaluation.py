@@ -235,9 +235,15 @@ class Policy:
     draws: tuple[int, ...] = (0,)
 
 
+LOCAL_EVALUATION_ENGINE = "transformers"  # samples a local model dir where the profiling engine serves none
+
+
 def evaluation_engine(cfg: "PivotConfig"):
     # The policies evaluated are local model dirs: a served reference policy is sampled through transformers here.
-    return cfg.policy if cfg.policy.backend != "openai" else cfg.policy.model_copy(update={"backend": "transformers"})
+    from pivot_assets.policies.factory import capabilities
+
+    local = capabilities(cfg.policy.backend).local_model
+    return cfg.policy if local else cfg.policy.model_copy(update={"backend": LOCAL_EVALUATION_ENGINE})
 
 
 def local_key(cfg: "PivotConfig", turns: list[str], verifiers, draw: int = 0) -> str:
@@ -569,7 +575,9 @@ def evaluation_policies(wh: "Warehouse", cfg: "PivotConfig") -> list[tuple[str, 
     from .runs import GRPO_DIR, SFT_DIR, base_model, read_marker, reference_model
 
     policies = [("base", base_model(cfg))]
-    if cfg.policy.backend != "openai":
+    from pivot_assets.policies.factory import capabilities
+
+    if capabilities(cfg.policy.backend).local_model:  # a served reference has no local dir to evaluate
         policies.append(("reference", reference_model(wh, cfg)))
     if cfg.policy.model != "sft" and read_marker(wh.model_dir(SFT_DIR)):
         policies.append(("sft", str(wh.model_dir(SFT_DIR))))

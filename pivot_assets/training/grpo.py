@@ -390,11 +390,11 @@ def run_local_grpo(wh: "Warehouse", cfg: "PivotConfig", verifiers, log: Callable
     from pivot_assets.core.catalog import SET_TABLES
     from pivot_assets.core.progress import Progress
 
-    from .runs import GRPO_DIR, grpo_key, has_cuda, init_model, is_done, write_marker
+    from .runs import GRPO_DIR, grpo_key, has_cuda, init_model, is_done, training_device, write_marker
     from .split import not_in_pool
 
     out, key = wh.model_dir(GRPO_DIR), grpo_key(wh, cfg, verifiers.fingerprint)
-    precision = resolve_dtype(cfg.training.dtype, "cuda" if has_cuda() else "cpu")
+    precision = resolve_dtype(cfg.training.dtype, training_device())
     result = {"key": key, "model_dir": str(out), "precision": precision}
     if is_done(out, key) and wh.exists("grpo_steps"):
         log(f"grpo_run is up to date ({key}): not retraining")
@@ -419,7 +419,7 @@ def run_local_grpo(wh: "Warehouse", cfg: "PivotConfig", verifiers, log: Callable
 
     run = run_grpo(init_model(wh, cfg), dataset, verifiers, cfg.training, out, cpu_smoke=cpu_smoke,
                    precision=precision, on_step=on_step, threads=cfg.runtime.threads, held_out=held_out,
-                   device="cuda" if has_cuda() else "cpu", fmt=PromptFormat.from_policy(cfg.policy))
+                   device=training_device(), fmt=PromptFormat.from_policy(cfg.policy))
     wh.write_table("grpo_steps", pa.Table.from_pylist([{**r, "run_key": key} for r in run.steps]))
     wh.write_table("grpo_completions", pa.Table.from_pylist(
         [{**{k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in r.items()}, "run_key": key}

@@ -77,8 +77,13 @@ def sft_identity(cfg: PivotConfig) -> dict:
             "split": ConversationSplit.from_config(cfg).identity}
 
 
-def training_identity(cfg: PivotConfig) -> dict:
-    return identity.training_identity(cfg.training)
+def training_identity(cfg: PivotConfig, device: str = "cpu") -> dict:
+    return identity.training_identity(cfg.training, device)
+
+
+def training_device() -> str:
+    """Where GRPO and the ablation's arms train: the GPU when there is one (training/grpo.py)."""
+    return "cuda" if has_cuda() else "cpu"
 
 
 def model_fingerprint(model: str, cfg: PivotConfig) -> str:
@@ -111,7 +116,7 @@ def grpo_key(wh: Warehouse, cfg: PivotConfig, verifier_fp: str) -> str:
     from .split import config_split, split_fingerprint
 
     return fingerprint({
-        "training": training_identity(cfg), "pivots": wh.data_version(SET_TABLES[cfg.training.set]),
+        "training": training_identity(cfg, training_device()), "pivots": wh.data_version(SET_TABLES[cfg.training.set]),
         "init": model_fingerprint(init_model(wh, cfg), cfg), "verifier": verifier_fp, "cpu_smoke": not has_cuda(),
         "split": split_fingerprint(wh, config_split(cfg)),
     })
@@ -165,7 +170,7 @@ def arm_key(wh: Warehouse, cfg: PivotConfig, arm: str, seed: int, verifier_fp: s
     from .split import config_split, split_fingerprint
 
     trainer, pivot_set, _ = ARM_SPECS[arm]
-    section = training_identity(cfg) if trainer == "grpo" else sft_identity(cfg)["sft"]
+    section = training_identity(cfg, training_device()) if trainer == "grpo" else sft_identity(cfg)["sft"]
     # what the arms never read: their steps come from their pools, and training.set is grpo_run's
     section = {k: v for k, v in section.items() if k not in ARM_UNUSED}
     return fingerprint({
@@ -173,5 +178,5 @@ def arm_key(wh: Warehouse, cfg: PivotConfig, arm: str, seed: int, verifier_fp: s
         "sft_lr": cfg.ablation.sft_learning_rate if cfg.ablation else None,
         "pool": fingerprint(sorted(pool or [])), "pivots": wh.data_version(SET_TABLES[pivot_set]),
         "init": model_fingerprint(init_model(wh, cfg), cfg), "verifier": verifier_fp,
-        "split": split_fingerprint(wh, config_split(cfg)), "device": "cuda" if has_cuda() else "cpu",
+        "split": split_fingerprint(wh, config_split(cfg)), "device": training_device(),
     })

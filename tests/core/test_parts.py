@@ -121,3 +121,37 @@ def test_key_named_parts_rewritten_keep_matching_records(tmp_path):
         wh.append_part("rollouts", rollouts(n), key="batch-1")
     result = parts.check_table(wh, "rollouts")
     assert result.n_parts == 1 and not result.problems and result.n_unrecorded == 0
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 256 KiB tmpfs (root mounts it; skips with the reason where mounting is not allowed)."""
+    import subprocess
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount a size-limited tmpfs here: {done.stderr.strip() or done.returncode}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_fails_the_write_and_leaves_no_partial_part(small_disk, capsys):
+    import numpy as np
+
+    wh = Warehouse(small_disk / "wh")
+    rng = np.random.default_rng(0)
+    written = 0
+    with pytest.raises(OSError, match="No space left on device"):
+        for i in range(1000):
+            table = rollouts(40, 40 * i).set_column(5, "completion", pa.array(
+                [rng.bytes(2000).hex() for _ in range(40)]))  # incompressible: the disk fills in a few parts
+            wh.append_part("rollouts", table)
+            written += 1
+    assert written >= 1
+    assert not list((small_disk / "wh").rglob(".tmp-*"))  # the temp file of the failed write is gone
+    result = parts.check_table(wh, "rollouts")
+    assert not result.problems and result.n_parts - result.n_unrecorded == written
+    # a part whose record could not be written is checked by its footer: it is complete, never half a file
+    assert wh.read_arrow("rollouts").num_rows == 40 * result.n_parts
