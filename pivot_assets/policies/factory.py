@@ -19,7 +19,7 @@ ENGINES = {
                                        scores_continuation=True, prefix_reuse=False, bounded_thinking=True,
                                        packages=("torch", "transformers")),
     "vllm": EngineCapabilities(local_model=True, torch_in_process=False, turn_rows_together=False,
-                               scores_continuation=False, prefix_reuse=True, bounded_thinking=False,
+                               scores_continuation=True, prefix_reuse=True, bounded_thinking=False,
                                packages=("vllm",)),
     "openai": EngineCapabilities(local_model=False, torch_in_process=False, turn_rows_together=False,
                                  scores_continuation=False, prefix_reuse=False, bounded_thinking=False),

@@ -292,6 +292,21 @@ def render_chat(tokenizer, template_messages: list[dict], tools: list | None, *,
                                          add_generation_prompt=add_generation_prompt, **fmt.template_kwargs)
 
 
+def expert_action_ids(tokenizer, request, prompt_text: str, stop_ids: set[int]) -> list[int] | None:
+    """Token ids of a request's expert message as the template renders it after the prompt, up to and including its
+    end-of-turn token (what a sample equal to the action would generate). None without an expert, or when the
+    template does not render the turn as a continuation of the prompt. Every engine that scores it uses this."""
+    if request.expert is None:
+        return None
+    full = render_chat(tokenizer, to_template_messages([*request.messages, request.expert]), request.tools,
+                       add_generation_prompt=False)
+    if not full.startswith(prompt_text):
+        return None
+    ids = tokenizer(full[len(prompt_text):], add_special_tokens=False)["input_ids"]
+    stop = next((i for i, t in enumerate(ids) if t in stop_ids), None)
+    return (ids if stop is None else ids[: stop + 1]) or None
+
+
 def render_prompt(tokenizer, messages: list[dict], tools: list | None) -> str:
     """Prompt text of a turn: its canonical state rendered with the tools and the generation prompt."""
     return render_chat(tokenizer, to_template_messages(messages), tools, add_generation_prompt=True)

@@ -34,8 +34,8 @@ from pivot_assets.core.ids import seeded_int
 
 from .base import (ActionLikelihood, GenerationRequest, Sample, SampleBatch, SamplingConfig, new_stats,
                    order_by_trajectory)
-from .models import (PromptFormat, cache_keyword, decode_completion, load_model, policy_fingerprint, render_chat,
-                     render_prompt, stop_token_ids, to_template_messages)
+from .models import (PromptFormat, cache_keyword, decode_completion, expert_action_ids, load_model,
+                     policy_fingerprint, render_prompt, stop_token_ids)
 from .thinking import ThoughtBudget, apply_thinking, opens_thought
 
 PREFILL_CHUNK = 2048  # tokens per prefill forward: bounds the attention scratch memory on long prompts
@@ -168,19 +168,9 @@ class TransformersBackend:
         return self.tokenizer(self.prompt_text(request), add_special_tokens=False)["input_ids"]
 
     def expert_action_ids(self, request: GenerationRequest, prompt_text: str) -> list[int] | None:
-        """Token ids of the request's expert message as the template renders it after the prompt, up to and
-        including its end-of-turn token (what a sample equal to the action would generate). None without an
-        expert, or when the template does not render the turn as a continuation of the prompt."""
-        if request.expert is None:
-            return None
-        full = render_chat(self.tokenizer, to_template_messages([*request.messages, request.expert]), request.tools,
-                           add_generation_prompt=False)
-        if not full.startswith(prompt_text):
-            self.stats["experts_unscorable"] += 1
-            return None
-        ids = self.tokenizer(full[len(prompt_text):], add_special_tokens=False)["input_ids"]
-        stop = next((i for i, t in enumerate(ids) if t in self.stop_ids), None)
-        return (ids if stop is None else ids[: stop + 1]) or None
+        ids = expert_action_ids(self.tokenizer, request, prompt_text, self.stop_ids)
+        self.stats["experts_unscorable"] += int(request.expert is not None and ids is None)
+        return ids
 
     # ---- public ----------------------------------------------------------------------------------
     per_row_seeds = True  # generate(..., rows=...) is supported (profiling/profiler.Profiler.generate_samples)

@@ -31,11 +31,12 @@ from typing import Iterator
 
 from pivot_assets.core.parallel import child_pids, reap_with_this_process
 
-from .base import GenerationRequest, Sample, SamplingConfig, new_stats, order_by_trajectory
+from .base import ActionLikelihood, GenerationRequest, Sample, SampleBatch, SamplingConfig, new_stats, order_by_trajectory
 from .models import (
     PromptFormat,
     configure_tokenizer,
     decode_completion,
+    expert_action_ids,
     load_generation_config,
     policy_fingerprint,
     render_prompt,
@@ -129,6 +130,8 @@ class VLLMBackend:
         self.stats = new_stats()
         self.stats["prompt_tokens_submitted"] = 0  # prompt tokens over every engine request (K per turn)
         self.stats["prompt_tokens_cached"] = 0  # of those, served from the prefix cache
+        self.stats["expert_tokens_scored"] = 0  # teacher-forced expert-action tokens (ActionLikelihood)
+        self.stats["experts_unscorable"] = 0  # expert messages not scored (see score_experts)
 
     def close(self) -> None:
         """Stop the engine core process now (it would otherwise go when this object is collected)."""
@@ -168,8 +171,45 @@ class VLLMBackend:
             outputs = self.llm.generate(prompts, sampling_params=params, use_tqdm=False)
             samples = [s for (req, indices), out in zip(plan, outputs) for s in self._samples(req, indices, out)]
             self._count(group, plan, outputs, before)
+            likelihoods = self.score_experts(group, sampling)
             self.stats["wall_s"] += time.perf_counter() - t0
-            yield samples
+            yield SampleBatch(samples, likelihoods)
+
+    # ---- the expert action's likelihood --------------------------------------------------------------
+    def score_experts(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> list[ActionLikelihood]:
+        """log p(expert action | prompt) of each request that carries its expert: the engine's prompt logprobs of
+        prompt + action, summed over the action's tokens (ActionLikelihood).
+
+        vLLM's prompt logprobs are the raw model's (no temperature), so they are the likelihood only at T = 1 (and
+        at T = 0, which ActionLikelihood scores at 1); at another temperature none is returned. Each request runs
+        alone in its own engine call, and a prompt-logprobs request never reads the prefix cache (vLLM sets
+        skip_reading_prefix_cache for it; asked here explicitly): its value depends on its own tokens only, not on
+        what else is batched with it or what the cache holds (vLLM issues #42019, #25262). The blocks it writes
+        hold the same tokens' KV as a sample's would: later samples may read them (a test: scoring changes no
+        sample)."""
+        from vllm import SamplingParams
+
+        wanted = [r for r in requests if r.expert is not None]
+        if not wanted:
+            return []
+        if sampling.temperature not in (0.0, 1.0):
+            self.stats["experts_unscorable"] += len(wanted)
+            return []
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False, skip_reading_prefix_cache=True)
+        out = []
+        for req in wanted:
+            prompt_text = render_prompt(self.tokenizer, req.messages, req.tools)
+            action = expert_action_ids(self.tokenizer, req, prompt_text, self.stop_ids)
+            if action is None:
+                self.stats["experts_unscorable"] += 1
+                continue
+            ids = self.tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+            result = self.llm.generate([{"prompt_token_ids": ids + action}], sampling_params=params, use_tqdm=False)[0]
+            scored = result.prompt_logprobs[len(ids): len(ids) + len(action)]
+            total = sum(position[token].logprob for position, token in zip(scored, action))
+            out.append(ActionLikelihood(turn_id=req.turn_id, logprob=float(total), n_tokens=len(action)))
+            self.stats["expert_tokens_scored"] += len(action)
+        return out
 
     def _groups(self, ordered: list[GenerationRequest], sampling: SamplingConfig, rows: RowSeeds | None):
         group, n_rows = [], 0

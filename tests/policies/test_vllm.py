@@ -173,3 +173,41 @@ def test_served_vllm_gives_the_in_process_rows(engine, served):
             "top_p": SAMPLING.top_p, "max_tokens": SAMPLING.max_new_tokens}
     choice = _post(served.base_url, body)["choices"][0]
     assert choice_to_text(choice["message"], choice["finish_reason"]) == local[(pivot.turn_id, i)].completion
+
+
+def test_expert_likelihood_equals_the_transformers_backends_in_any_order(engine, embedded_model_dir):
+    """vLLM's teacher-forced log-likelihood of the expert action (prompt logprobs of prompt + action) is the
+    transformers backend's on the same fp32 weights; it does not move with the request order or the prefix cache;
+    asking for it changes no sample."""
+    import random
+
+    from pivot_assets.policies.base import likelihoods_of
+    from pivot_assets.policies.transformers_backend import TransformersBackend
+
+    hi = {"role": "assistant", "content": "Hi there!", "tool_calls": None, "tool_call_id": None}
+    requests = [replace(r, expert=MESSAGES[r.message_index] if r.trajectory_id == "A" else hi) for r in _requests()]
+
+    def scored(backend, reqs):
+        batches = list(backend.generate(reqs, SAMPLING))
+        return ({x.turn_id: x for b in batches for x in likelihoods_of(b)},
+                {k: s.completion for k, s in _by_key([s for b in batches for s in b]).items()})
+
+    reference, _ = scored(TransformersBackend(model=str(embedded_model_dir), dtype="float32"), requests)
+    ours, samples = scored(engine, requests)
+    assert set(ours) == set(reference) == {r.turn_id for r in requests}
+    for turn, x in ours.items():
+        assert x.n_tokens == reference[turn].n_tokens
+        assert abs(x.logprob - reference[turn].logprob) <= TEACHER_FORCING_TOLERANCE * x.n_tokens, (x, reference[turn])
+        print(f"\n{turn}: vllm {x.logprob:.5f} transformers {reference[turn].logprob:.5f} over {x.n_tokens} tokens")
+    shuffled = requests[::-1]
+    random.Random(0).shuffle(shuffled)
+    again, _ = scored(engine, shuffled)
+    assert {t: x.logprob for t, x in again.items()} == {t: x.logprob for t, x in ours.items()}  # bit for bit
+    plain = [s for b in engine.generate([replace(r, expert=None) for r in requests], SAMPLING) for s in b]
+    assert {k: s.completion for k, s in _by_key(plain).items()} == samples  # scoring changes no sample
+    # at a temperature other than 1 the raw prompt logprobs are not the likelihood: none is returned
+    warm = replace(SAMPLING, temperature=0.7)
+    assert not [x for b in engine.generate(requests, warm) for x in likelihoods_of(b)]
+
+
+TEACHER_FORCING_TOLERANCE = 1e-4  # nats per token (measured: <= 2e-5 over a whole action) between the two engines' fp32 forward passes

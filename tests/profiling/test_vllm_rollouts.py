@@ -74,6 +74,10 @@ def test_kill_9_mid_rollouts_then_rerun_gives_exactly_turns_x_k(tmp_path, embedd
     assert not list(wh.rglob(".tmp-*"))
     (policy_fp,) = duckdb.sql(f"select distinct policy_fp from read_parquet('{wh}/rollouts/part-*.parquet')").fetchone()
     assert policy_fp.endswith("|vllm:float32")
+    # the expert action's likelihood from vLLM (prompt logprobs), once per turn, beside the samples
+    likelihoods = duckdb.sql(f"select turn_id, count(*), max(expert_logprob), min(expert_tokens) "
+                             f"from read_parquet('{wh}/expert_likelihoods/*.parquet') group by 1").fetchall()
+    assert len(likelihoods) == LIMIT and all(n == 1 and lp < 0 and t >= 1 for _, n, lp, t in likelihoods)
 
     import dagster as dg
 
