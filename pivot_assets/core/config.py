@@ -318,9 +318,6 @@ class PivotConfig(_Strict):
         if self.scale.engine == "ray" and self.profiling.seeding != "per_sample":
             raise ValueError("scale.engine ray samples each (turn, sample_index) row with its own seed: "
                              "profiling.seeding must be per_sample")
-        if self.scale.engine == "ray" and self.profiling.adaptive.enabled:
-            raise ValueError("profiling.adaptive runs its rounds on the local engine (scale.engine: local) for now; "
-                             "the Ray engine generates every pending sample in one job")
         return self
 
     @field_validator("warehouse")

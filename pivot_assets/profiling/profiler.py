@@ -679,16 +679,21 @@ class Profiler:
         return stats
 
     def _generate_adaptive(self, backend: "_Lazy", log) -> dict:
-        """Rounds of adaptive.run_rounds: the samples each open turn lacks up to its next round, then scoring."""
+        progress = Progress(total=len(self.turns) * self.sampling.k, log=log)  # at most: every turn sampled to k
+        return self.adaptive_rounds(lambda rows: self.generate_rows(backend(), rows, progress), log)
+
+    def adaptive_rounds(self, generate_rows: Callable[[list[dict]], dict], log) -> dict:
+        """Rounds of adaptive.run_rounds: the samples each open turn lacks up to its next round (given to
+        `generate_rows`: this process's engine, or the Ray job's actors, alive for every round), then scoring. The
+        prior is fitted on this profiler's turns (a shard's, when sharded) from their first rounds."""
         order = turn_order(self.wh, self.turns)
         generated: set[str] = set()
-        progress = Progress(total=len(order) * self.sampling.k, log=log)  # at most: every turn sampled to k
 
         def generate(todo: dict[str, range]) -> dict:
             done = done_samples(self.wh, self.policy_fp, self.sampling_fp, self.shard)
             rows = [{"turn_id": t, "sample_index": i} for t in order if t in todo for i in todo[t] if (t, i) not in done]
             generated.update(r["turn_id"] for r in rows)
-            return self.generate_rows(backend(), rows, progress) if rows else {}
+            return generate_rows(rows) if rows else {}
 
         def score(turns: list[str]) -> dict:
             return self.score(log=None, turn_ids=turns)
