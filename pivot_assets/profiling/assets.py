@@ -77,7 +77,6 @@ def build_assets(cfg: PivotConfig, wh: Warehouse, verifier_sets: VerifierSets) -
         with profiling.adaptive, rounds of samples until each turn's pivot-set membership is settled."""
         shard = shard_of_run(context)
         if cfg.scale.engine == "ray":
-            profiler(shard).guard_prompts(context.log.info)  # the job's profilers leave out what it lists
             return generate_on_ray(context, cfg, shard)
         p = profiler(shard)
         with timed() as t:

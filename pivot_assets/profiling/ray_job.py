@@ -130,12 +130,14 @@ def generate_shard(cfg: PivotConfig, shard: int | None, log=print, clock: dict |
     clock = {"process_at": process_started_at() or time.time(), "main_at": time.time(), **(clock or {})}
     profiler = Profiler.for_config(cfg, shard=shard)
     t0 = time.perf_counter()
+    skipped = profiler.guard_prompts(log)  # before the actors start: their profilers leave out what it lists
     rows = profiler.pending_samples()
     clock["pending_at"] = time.time()
     log(f"shard {shard}: {len(profiler.turns)} turns x K={profiler.sampling.k}, {len(rows)} rows to generate "
         f"{'at most, in adaptive rounds ' if profiler.adaptive.enabled else ''}"
         f"({cfg.scale.ray_actors} actor(s), {cfg.scale.ray_batch_rows} rows per part)")
-    stats = {"turns_profiled": len(profiler.turns), "samples_per_turn": profiler.sampling.k,
+    stats = {"turns_profiled": len(profiler.turns), "turns_prompt_too_long": len(skipped),
+             "samples_per_turn": profiler.sampling.k,
              "rollouts_generated": 0, "generated_tokens": 0, "parts_written": 0,
              "policy_fp": profiler.policy_fp, "sampling_fp": profiler.sampling_fp, "seeding": profiler.seeding}
     out: list[dict] = []

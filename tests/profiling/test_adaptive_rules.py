@@ -165,14 +165,14 @@ def test_decide_reports_why_each_turn_stops():
     assert off.stop_reason == ["k_reached", "unsettled", "unsettled", "unsettled", "unsettled"]
 
 
-def test_adaptive_needs_per_sample_seeds_and_the_local_engine():
+def test_adaptive_needs_per_sample_seeds_and_runs_on_either_engine():
     from pivot_assets.core.config import ConfigError, load_config
 
     on = {"adaptive": {"enabled": True}}
     assert load_config(None, overrides={"profiling": on}).profiling.adaptive.enabled
     with pytest.raises(ConfigError, match="seeding: per_sample"):
         load_config(None, overrides={"profiling": {**on, "seeding": "per_turn"}})
-    with pytest.raises(ConfigError, match="local engine"):
-        load_config(None, overrides={"profiling": on, "scale": {"engine": "ray"}})
+    ray = load_config(None, overrides={"profiling": on, "scale": {"engine": "ray"}})  # rounds in each shard's job
+    assert ray.profiling.adaptive.enabled and ray.scale.engine == "ray"
     with pytest.raises(ConfigError, match="unknown key 'profiling.adaptive.epsilonn'"):
         load_config(None, overrides={"profiling": {"adaptive": {"epsilonn": 0.1}}})

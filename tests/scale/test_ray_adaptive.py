@@ -8,14 +8,20 @@ run with the same 2 shards (the same per-shard prior); more than one round ran; 
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import duckdb
 import pytest
 
 from pivot_assets.cli import main as pivot
+from tests.crashes import kill_run_after_first_part
 
 from .conftest import INGEST, PROFILING, materializations
 
 pytestmark = pytest.mark.slow
+VENV_BIN = Path(sys.executable).parent
 SHARDS, LIMIT, K = 2, 8, 6
 
 
@@ -63,3 +69,17 @@ def test_adaptive_rounds_through_ray_draw_exactly_the_local_samples(tmp_path, ra
 
     assert pivot(["run", "--select", "rollouts"]) == 0  # every shard's rounds are settled on disk: nothing new
     assert samples(ray_root) == ray_samples
+
+    # kill -9 of `pivot run` between rounds (once a first round is scored), then a rerun: the same samples, none twice
+    killed = tmp_path / "killed"
+    write_project(killed, f'{{shards: {SHARDS}, engine: ray, ray_address: "{ray_head.dashboard}", '
+                          f'ray_batch_rows: 8, max_shard_runs: 2}}')
+    in_project(killed)
+    assert pivot(["run", "--select", INGEST]) == 0
+    env = {**os.environ, "DAGSTER_HOME": str(killed / "dagster_home")}
+    kill_run_after_first_part([str(VENV_BIN / "pivot"), "run", "--select", "rollouts"],
+                              lambda: bool(list((killed / "wh" / "rollout_rewards").glob("shard=*/part-*.parquet"))),
+                              cwd=killed, env=env, timeout_s=600)
+    assert 0 < len(samples(killed)) < len(ray_samples), "the run finished before it could be killed"
+    assert pivot(["run", "--select", PROFILING]) == 0  # stops the orphaned jobs, then completes every shard's rounds
+    assert samples(killed) == ray_samples and profiles(killed) == profiles(local_root)
