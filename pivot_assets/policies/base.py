@@ -124,7 +124,8 @@ class EngineCapabilities:
     torch_in_process: bool  # runs torch in the calling process, whose intra-op threads are set there
     turn_rows_together: bool  # one prefill serves a turn's K samples: batches are turn-major, else sample-major
     scores_continuation: bool  # teacher-forced log-likelihood of a given continuation (the expert action's)
-    prefix_reuse: bool  # keeps a prompt's KV across calls (a prefix cache), so a later round skips the prefill
+    prefix_reuse: bool  # keeps a prompt's KV across calls (a prefix cache; transformers: with keep_prompts), so a
+    # later round skips the prefill
     bounded_thinking: bool  # implements policy.thinking_budget (a forced </think>)
     packages: tuple[str, ...] = ()  # what must import where it runs (a Ray worker's preflight)
 

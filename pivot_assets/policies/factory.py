@@ -16,7 +16,7 @@ from .models import PromptFormat
 # Each engine's capabilities: the one place a backend's name maps to what it can do.
 ENGINES = {
     "transformers": EngineCapabilities(local_model=True, torch_in_process=True, turn_rows_together=True,
-                                       scores_continuation=True, prefix_reuse=False, bounded_thinking=True,
+                                       scores_continuation=True, prefix_reuse=True, bounded_thinking=True,
                                        packages=("torch", "transformers")),
     "vllm": EngineCapabilities(local_model=True, torch_in_process=False, turn_rows_together=False,
                                scores_continuation=True, prefix_reuse=True, bounded_thinking=False,
@@ -46,14 +46,19 @@ def policy_section(policy: PolicySection | Mapping) -> PolicySection:
         raise ValueError(f"policy.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
 
 
+PROMPT_CACHE_GB = 2.0  # prompts kept across calls for a caller that samples turns again (keep_prompts)
+
+
 def build_backend(policy: PolicySection | Mapping, *, model: str | None = None,
-                  threads: int | str | None = "auto") -> PolicyBackend:
+                  threads: int | str | None = "auto", keep_prompts: bool = False) -> PolicyBackend:
     """The backend named by `policy.backend`, configured from the section.
 
     `model` overrides `policy.model` (the resolved model dir of `policy.model: sft`). The dtype is
     resolved here from `policy.dtype` for the backend's device (auto: bf16 only where native). Sampling
     keys (k, temperature, ...) are not the backend's: pass SamplingConfig.from_policy(section) to `.generate`.
     `threads` (runtime.threads): the CPU threads of an engine that runs in its own process (vLLM's engine core).
+    `keep_prompts`: the caller samples the same turns again (adaptive rounds): an engine without a prefix cache of
+    its own keeps their prompts' KV across calls (the transformers backend, within PROMPT_CACHE_GB).
     """
     policy = policy_section(policy)
     model = model or policy.model
@@ -66,7 +71,8 @@ def build_backend(policy: PolicySection | Mapping, *, model: str | None = None,
 
         return TransformersBackend(model=model, dtype=resolve_dtype(policy.dtype, policy.device).dtype,
                                    batch_size=policy.batch_size, device=policy.device, fmt=fmt,
-                                   thinking_budget=policy.thinking_budget)
+                                   thinking_budget=policy.thinking_budget,
+                                   prompt_cache_gb=PROMPT_CACHE_GB if keep_prompts else 0.0)
     if policy.backend == "openai":
         from .openai_backend import OpenAIBackend
 

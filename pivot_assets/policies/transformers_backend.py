@@ -126,16 +126,50 @@ class _Prefilled:
     likelihood: ActionLikelihood | None = None  # of the request's expert action, when it carried one
 
 
+class PromptCache:
+    """Prompt KV and last logits of turns, kept across `generate` calls within a byte budget, least recently used
+    out first: a turn sampled again in a later adaptive round skips its prefill (re-prefilling every round made
+    adaptive profiling slower than exhaustive on this backend)."""
+
+    def __init__(self, budget_bytes: int):
+        from collections import OrderedDict
+
+        self.budget, self.used = budget_bytes, 0
+        self._entries: OrderedDict = OrderedDict()  # turn_id -> (ids, kv, last_logits, bytes)
+
+    def get(self, turn_id: str, ids: list[int]):
+        entry = self._entries.get(turn_id)
+        if entry is None or entry[0] != ids:
+            return None
+        self._entries.move_to_end(turn_id)
+        return entry[1], entry[2]
+
+    def put(self, turn_id: str, ids: list[int], kv, last_logits: torch.Tensor) -> None:
+        size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+        if self.budget <= 0 or size > self.budget:
+            return
+        if turn_id in self._entries:
+            self.used -= self._entries.pop(turn_id)[3]
+        # own copies: the views a prefill returns would keep the whole trajectory's cache alive
+        kv = [(k.clone(), v.clone()) for k, v in kv]
+        self._entries[turn_id] = (list(ids), kv, last_logits, size)
+        self.used += size
+        while self.used > self.budget:
+            self.used -= self._entries.popitem(last=False)[1][3]
+
+
 class TransformersBackend:
     """K samples per turn from a local causal LM with prompt-prefix reuse and batched decode.
 
     batch_size: most decode rows (turns x K) per forward step. kv_budget_gb: most memory for the
     decode KV buffer (rows x (longest prompt + max_new_tokens)); a batch holds at least one turn.
+    prompt_cache_gb: memory for prompts kept across calls (PromptCache; 0: none), for a caller that samples the
+    same turns again (adaptive rounds).
     """
 
     def __init__(self, model: str = "embedded", dtype: str = "float32", batch_size: int = 32,
                  kv_budget_gb: float = 4.0, device: str = "cpu", fmt: PromptFormat = PromptFormat(),
-                 thinking_budget: int | None = None):
+                 thinking_budget: int | None = None, prompt_cache_gb: float = 0.0):
         self.model_name = model
         self.model, self.tokenizer = load_model(model, dtype=dtype, device=device, fmt=fmt)
         self.device = torch.device(device)
@@ -152,6 +186,8 @@ class TransformersBackend:
         self._traj_id: str | None = None
         self._traj_ids: list[int] = []
         self._traj_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.prompts = PromptCache(int(prompt_cache_gb * (1 << 30)))
+        self.stats["prompt_cache_hits"] = 0  # turns whose whole prefill a previous call's kept prompt served
 
     # ---- setup -----------------------------------------------------------------------------------
     def _kv_bytes_per_token_row(self) -> int:
@@ -221,6 +257,15 @@ class TransformersBackend:
         (the expert action's ids), its teacher-forced likelihood too (the cache then also holds the action)."""
         if not ids:
             raise ValueError(f"turn {request.turn_id}: empty prompt")
+        kept = None if action else self.prompts.get(request.turn_id, ids)
+        if kept is not None:
+            kv, last_logits = kept
+            self._traj_id, self._traj_ids, self._traj_kv = request.trajectory_id, list(ids), kv
+            self.stats["turns"] += 1
+            self.stats["prompt_tokens_total"] += len(ids)
+            self.stats["cache_hits"] += 1
+            self.stats["prompt_cache_hits"] += 1
+            return _Prefilled(request, len(ids), opened, kv, last_logits, None)
         if request.trajectory_id != self._traj_id:
             self._reset_trajectory()
         # keep >= 1 token to run: the last position's logits are needed even for a fully cached prompt
@@ -245,6 +290,7 @@ class TransformersBackend:
         self.stats["prefill_tokens_computed"] += n - reuse + len(action or [])
         self.stats["cache_hits"] += int(reuse > 0)
         prompt_kv = [(k[:, :, :n], v[:, :, :n]) for k, v in self._traj_kv] if action else self._traj_kv
+        self.prompts.put(request.turn_id, ids, prompt_kv, last_logits)
         return _Prefilled(request, n, opened, prompt_kv, last_logits, likelihood)
 
     def _teacher_force(self, turn_id: str, cache, last_logits: torch.Tensor, action: list[int],

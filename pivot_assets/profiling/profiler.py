@@ -623,7 +623,8 @@ class Profiler:
 
         if self.engine.torch_in_process:
             configure_torch(self.threads)
-        return build_backend(self.policy, model=policy_model(self.policy, self.wh), threads=self.threads)
+        return build_backend(self.policy, model=policy_model(self.policy, self.wh), threads=self.threads,
+                             keep_prompts=self.adaptive.enabled)
 
     def generate(self, log: Callable[[str], None] | None = None) -> dict:
         """Every wanted turn's samples not yet generated: K per turn, or with adaptive profiling the rounds until

@@ -91,7 +91,7 @@ class ShardGenerator:
             configure_torch(cfg.runtime.threads)
         backend_at = time.time()
         self.backend = build_backend(cfg.policy, model=policy_model(cfg.policy, self.profiler.wh),
-                                     threads=cfg.runtime.threads)
+                                     threads=cfg.runtime.threads, keep_prompts=cfg.profiling.adaptive.enabled)
         # when this actor's process started, entered __init__, began building the backend and was ready
         self.clock = {"process_at": process_started_at() or init_at, "init_at": init_at, "backend_at": backend_at,
                       "ready_at": time.time()}

@@ -174,6 +174,39 @@ def test_sample_counts_shapes_and_determinism(backend):
 
 
 @pytest.mark.slow
+def test_kept_prompts_serve_a_later_round_without_prefill_and_draw_the_same_samples(embedded_model_dir):
+    """keep_prompts (adaptive rounds): a turn sampled again in a later call reuses its prompt's KV (no prefill) and
+    draws exactly the samples a backend without kept prompts draws for the same (turn, sample index, seed) rows."""
+    from pivot_assets.policies.transformers_backend import TransformersBackend
+
+    sampling = SamplingConfig(k=4, temperature=1.0, max_new_tokens=6, seed=3)
+    requests = _requests()
+    first = {r.turn_id: [(0, 100), (1, 101)] for r in requests}  # round 1: samples 0 and 1 (per-row seeds)
+    later = {r.turn_id: [(2, 102), (3, 103)] for r in requests}  # round 2: samples 2 and 3
+    kept = TransformersBackend(model=str(embedded_model_dir), batch_size=8, prompt_cache_gb=1.0)
+    list(kept.generate(requests, sampling, rows=first))
+    before = dict(kept.stats)
+    ours = {(x.turn_id, x.sample_index): x.completion for b in kept.generate(requests, sampling, rows=later) for x in b}
+    assert kept.stats["prefill_tokens_computed"] == before["prefill_tokens_computed"]  # no prompt prefilled again
+    assert kept.stats["prompt_cache_hits"] - before["prompt_cache_hits"] == len(requests)
+    plain = TransformersBackend(model=str(embedded_model_dir), batch_size=8)
+    theirs = {(x.turn_id, x.sample_index): x.completion for b in plain.generate(requests, sampling, rows=later) for x in b}
+    assert ours == theirs and len(ours) == 2 * len(requests)
+
+
+def test_prompt_cache_stays_within_its_budget():
+    from pivot_assets.policies.transformers_backend import PromptCache
+
+    one = [(torch.zeros(1, 2, 10, 4), torch.zeros(1, 2, 10, 4))]  # 640 bytes of KV
+    cache = PromptCache(budget_bytes=1500)
+    cache.put("a", [1, 2], one, torch.zeros(3))
+    cache.put("b", [3], one, torch.zeros(3))
+    assert cache.get("a", [1, 2]) is not None  # a is now the most recent
+    cache.put("c", [4], one, torch.zeros(3))  # over budget: b, the least recently used, goes
+    assert cache.get("b", [3]) is None and cache.get("a", [1, 2]) is not None and cache.get("c", [4]) is not None
+    assert cache.used <= 1500 and cache.get("a", [1, 9]) is None  # another prompt under the same turn: a miss
+
+
 def test_prefix_reuse_counts_and_matches_fresh_prefill(backend):
     reqs = sorted(_requests()[::2], key=lambda r: r.message_index)  # trajectory A: turn 2 then turn 4
     ids = [backend.prompt_ids(r) for r in reqs]
