@@ -68,9 +68,13 @@ def local_accuracy(model_dir: str, pivot_rows: Iterable[dict], domain_verifiers,
     `policy` is the sampling engine (backend, dtype, device, batch size: the `policy:` section; its model is
     replaced by model_dir); default: the section's defaults.
     Returns {n_pivots, k, local_accuracy (None when there are no pivots), per_turn: [{turn_id,
-    domain, reward_mean, n_pass, rewards, reasons}]}. Sampling is seeded per turn by the backend,
-    so the same model, pivots and seed give the same numbers.
+    domain, reward_mean, n_pass, rewards, reasons}]}. Sampling is seeded per sample as profiling seeds it
+    (sample i of a turn from its own seed, profiling/profiler.sample_seed) on an engine that takes per-row seeds,
+    so a draw does not depend on which turns share an engine call; the same model, pivots and seed give the same
+    numbers.
     """
+    from pivot_assets.profiling.profiler import sample_seed
+
     from pivot_assets.policies.base import SamplingConfig
     from pivot_assets.policies.factory import build_backend
 
@@ -85,7 +89,9 @@ def local_accuracy(model_dir: str, pivot_rows: Iterable[dict], domain_verifiers,
     engine = build_backend(policy or PolicySection(), model=str(model_dir))
     sampling = SamplingConfig(k=k, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
     scores: dict[str, list] = defaultdict(list)
-    for samples in engine.generate(requests, sampling):
+    rows_plan = ({r.turn_id: [(i, sample_seed(seed, i)) for i in range(k)] for r in requests}
+                 if getattr(engine, "per_row_seeds", False) else None)
+    for samples in engine.generate(requests, sampling, **({"rows": rows_plan} if rows_plan else {})):
         for s in samples:
             row = by_turn[s.turn_id]
             verifier = domain_verifiers.for_domain(row.get("domain"))
@@ -246,6 +252,9 @@ def evaluation_engine(cfg: "PivotConfig"):
     return cfg.policy if local else cfg.policy.model_copy(update={"backend": LOCAL_EVALUATION_ENGINE})
 
 
+EVAL_SEEDING = "per_sample"  # local_accuracy's draws: one seed per (turn, sample index), as profiling seeds them
+
+
 def local_key(cfg: "PivotConfig", turns: list[str], verifiers, draw: int = 0) -> str:
     """What one draw of local accuracy depends on: the turns, eval_k, verifier, sampling, engine, prompts."""
     from pivot_assets.core.hardware import resolve_dtype
@@ -260,6 +269,7 @@ def local_key(cfg: "PivotConfig", turns: list[str], verifiers, draw: int = 0) ->
         "sampling": [engine.temperature, engine.top_p],
         "engine": [engine.backend, resolve_dtype(engine.dtype, engine.device).dtype, engine.device],
         "format": [engine.chat_template, engine.thinking, engine.thinking_budget],  # prompts and stored completions
+        "seeding": EVAL_SEEDING,
     }))
 
 

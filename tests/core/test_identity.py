@@ -3,6 +3,7 @@
 PINS were computed on the commit before the identity module (9aaad9e): code versions of the assets (not
 rollout_rewards, which follows the verifiers' code), sampling fingerprints and run keys with the warehouse's data
 versions, model fingerprints and split stubbed. A change here makes existing warehouses recompute: on purpose only.
+Changed on purpose since: local_key and eval_key (evaluation draws seeded per sample, as profiling's).
 """
 
 from pathlib import Path
@@ -30,9 +31,9 @@ PINS = {
     "ablation_cpu": {
         "arm_key:grpo_adv": "7e12755793d63518",
         "arm_key:sft_same_data": "d5d4f5888c1fd8d0",
-        "eval_key": "1f8c776eeee8cd5d",
+        "eval_key": "f14a95f6d078e315",
         "grpo_key": "9e1bc5486f82ec3e",
-        "local_key": "3157b7691ab9821f",
+        "local_key": "241eed2690dc2c6f",
         "ood_key": "4e439fee64597dbc",
         "own:ablation_results": "048166cc96c3bce5",
         "own:grpo_run": "767b5b12a5ff08ed",
@@ -52,9 +53,9 @@ PINS = {
     "adaptive": {
         "arm_key:grpo_adv": "fd71c921456f3189",
         "arm_key:sft_same_data": "40a45bdda5509a3f",
-        "eval_key": "56ba15c3c73c446e",
+        "eval_key": "d6ba9680f2bdec65",
         "grpo_key": "38beee2bb3fef969",
-        "local_key": "5793a241b3651787",
+        "local_key": "c74b258f82ed7179",
         "ood_key": "4e439fee64597dbc",
         "own:grpo_run": "7929820a523fdae0",
         "own:pivot_dataset": "1-adv",
@@ -73,9 +74,9 @@ PINS = {
     "default": {
         "arm_key:grpo_adv": "177c919ebda60857",
         "arm_key:sft_same_data": "40a45bdda5509a3f",
-        "eval_key": "bb8e6acd25008c97",
+        "eval_key": "76fdbf2c7d4bf8f4",
         "grpo_key": "96ace1d69f88a846",
-        "local_key": "c8d4f8402ca14da7",
+        "local_key": "7350d2935d3a315e",
         "ood_key": "4e439fee64597dbc",
         "own:grpo_run": "ff6568a402fcdf48",
         "own:pivot_dataset": "1-adv",
