@@ -40,7 +40,8 @@ def cmd_run(args) -> int:
     cfg, defs, instance = _defs_and_instance(args)
     if args.missing and not args.stale:
         raise ValueError("--missing goes with --stale")
-    set_aside_damaged_parts(cfg)
+    if getattr(args, "shard", None) is None:  # a shard run's rollouts step checks its own shard's parts
+        set_aside_damaged_parts(cfg)
     if getattr(args, "shard", None) is not None:
         if args.stale:
             raise ValueError("--shard and --stale are exclusive (`pivot run --stale` runs the stale shards)")

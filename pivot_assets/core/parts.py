@@ -152,12 +152,15 @@ def set_aside(wh: Warehouse, problem: PartProblem) -> str:
         moved.append((record_path(source), dest_dir / (rel + RECORD_SUFFIX)))
     reason = dest_dir / (rel + ".reason")
     for src, dst in moved:
-        if _is_object(src):
-            if src.exists():
-                src.fs.move(src.key, dst.key)
-        elif src.exists():
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            src.replace(dst)
+        try:
+            if _is_object(src):
+                if src.exists():  # S3 reports a missing source as an OSError, not FileNotFoundError
+                    src.fs.move(src.key, dst.key)
+            else:
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                src.replace(dst)
+        except FileNotFoundError:
+            pass  # no record to move, or another run set it aside first
     text = f"{problem.kind}: {problem.reason}\n"
     if _is_object(reason):
         with reason.fs.open_output_stream(reason.key) as f:

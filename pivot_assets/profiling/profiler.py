@@ -397,6 +397,8 @@ REWARD_VAR_SQL = """(case when count(distinct s.reward) = 1 then 0.0
           then (count(*) filter (where s.reward = 1.0) * count(*) filter (where s.reward = 0.0))::double
                / (count(*) * count(*))
           else least(var_pop(s.reward), avg(s.reward) * (1 - avg(s.reward)), 0.25) end)"""
+
+
 def profiles_sql(wh: Warehouse, shard: int | None = None, k: int | None = None, round_size: int = 2) -> str:
     """One row per turn under (policy_fp, sampling_fp, verifier_fp) from its samples below k; population variance
     (ddof=0), so for binary rewards reward_var = mean * (1 - mean). Also the expert action's likelihood, and the
