@@ -70,9 +70,9 @@ class TableParts:
 
 
 # -- writing --------------------------------------------------------------------------------------------------
-def record_of(local: Path, table: str, rows: int) -> dict:
-    """The record of a part about to be placed (computed on the local temp file)."""
-    return {"table": table, "size": local.stat().st_size, "rows": int(rows), "sha256": _sha256_local(local)}
+def record_of(data: bytes, table: str, rows: int) -> dict:
+    """The record of a part about to be placed, from its encoded bytes."""
+    return {"table": table, "size": len(data), "rows": int(rows), "sha256": hashlib.sha256(data).hexdigest()}
 
 
 def record_path(part: TablePath) -> TablePath:

@@ -438,26 +438,38 @@ class Warehouse:
         folder = self.parts_dir(name) if shard is None else self.shard_dir(name, shard)
         stem = _check_key(key) if key is not None else f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
         final = folder / f"part-{stem}.parquet"
+        # encoded and hashed in memory first: the temp file lives no longer than its write (another run's
+        # clean-up of killed writers' temp files never meets it mid-hash)
+        buffer = pa.BufferOutputStream()
+        pq.write_table(table, buffer, compression="zstd")
+        data = buffer.getvalue().to_pybytes()
+        record = parts.record_of(data, name, table.num_rows)
         with self.atomic_path(final) as tmp:
-            pq.write_table(table, tmp, compression="zstd")
-            record = parts.record_of(tmp, name, table.num_rows)
+            tmp.write_bytes(data)
         # after the part is in place: a kill in between leaves a part without a record (checked by its footer)
         with self.atomic_path(parts.record_path(final)) as tmp:
             tmp.write_text(json.dumps(record), encoding="utf-8")
         return final
 
-    def clean_temp_files(self, name: str) -> int:
-        """Remove temp files a killed writer left behind (they are never read).
+    def clean_temp_files(self, name: str, shard: int | None = None) -> int:
+        """Remove temp files a killed writer left behind (they are never read): the table's, or with `shard` that
+        shard's only (the other shards' runs may be writing theirs at this moment).
 
         On an object store an upload cut short is never visible; its temp file is in the local state dir."""
         if self.is_remote:
-            stale = [*self.root.glob(f".tmp-{_check_name(name)}~*"), *self.root.glob(f".tmp-{name}.parquet-*")]
+            where = f"{_check_name(name)}~shard={shard:03d}~" if shard is not None else f"{_check_name(name)}~"
+            stale = [*self.root.glob(f".tmp-{where}*"),
+                     *(self.root.glob(f".tmp-{name}.parquet-*") if shard is None else [])]
             for f in stale:
                 f.unlink(missing_ok=True)
             return len(stale)
         removed = 0
-        shards = list(self.parts_dir(name).glob("shard=*")) if self.parts_dir(name).is_dir() else []
-        for d in (self.root, self.parts_dir(name), *shards):
+        if shard is not None:
+            dirs = [self.shard_dir(name, shard)]
+        else:
+            shards = list(self.parts_dir(name).glob("shard=*")) if self.parts_dir(name).is_dir() else []
+            dirs = [self.root, self.parts_dir(name), *shards]
+        for d in dirs:
             if d.is_dir():
                 for f in d.glob(".tmp-*"):
                     f.unlink(missing_ok=True)

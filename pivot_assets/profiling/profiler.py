@@ -631,8 +631,8 @@ class Profiler:
     def generate(self, log: Callable[[str], None] | None = None) -> dict:
         """Every wanted turn's samples not yet generated: K per turn, or with adaptive profiling the rounds until
         each turn is settled (scored between rounds)."""
-        self.wh.clean_temp_files("rollouts")
-        self.wh.clean_temp_files("expert_likelihoods")
+        self.wh.clean_temp_files("rollouts", self.shard)
+        self.wh.clean_temp_files("expert_likelihoods", self.shard)
         self.check_parts(log, checksum=True)
         check_layout(self.wh, self.shards)
         skipped = self.guard_prompts(log)
@@ -736,7 +736,7 @@ class Profiler:
 
     def score(self, log: Callable[[str], None] | None = None, turn_ids: Iterable[str] | None = None) -> dict:
         """Score every current rollout of the wanted turns (or of `turn_ids`) not yet scored under this verifier set."""
-        self.wh.clean_temp_files("rollout_rewards")
+        self.wh.clean_temp_files("rollout_rewards", self.shard)
         if turn_ids is None:  # a stage's own call (adaptive rounds score within `rollouts`, which checked)
             self.check_parts(log)
         stats = score_rollouts(self.wh, self.verifiers, self.policy_fp, self.sampling_fp,
@@ -769,7 +769,7 @@ class Profiler:
         consecutive turns of a trajectory (prefix reuse). The transformers backend decodes a turn's K rows
         together (one prefill): turn-major. Others take one sample seed per call: sample-major."""
         check_layout(self.wh, self.shards)
-        self.wh.clean_temp_files("rollouts")
+        self.wh.clean_temp_files("rollouts", self.shard)
         done = done_samples(self.wh, self.policy_fp, self.sampling_fp, self.shard)
         order, k = turn_order(self.wh, self.turns), range(self.sampling.k)
         pairs = ((t, i) for t in order for i in k) if self.engine.turn_rows_together else \
