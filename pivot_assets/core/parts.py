@@ -247,7 +247,10 @@ def _read_record(path: TablePath) -> dict | None:
 # -- listing --------------------------------------------------------------------------------------------------
 def _has_parts_dir(wh: Warehouse, table: str) -> bool:
     d = wh.parts_dir(table)
-    return d.is_dir() if isinstance(d, Path) else bool(_listing(wh, table)[0] or _listing(wh, table)[1])
+    if isinstance(d, Path):
+        return d.is_dir()
+    found, records = _listing(wh, table)
+    return bool(found or records)
 
 
 def _listing(wh: Warehouse, table: str, shard: int | None = None) -> tuple[list, dict]:
