@@ -89,7 +89,7 @@ def check_table(wh: Warehouse, table: str, checksum: bool = True, shard: int | N
     schema = TABLES[table].schema if table in TABLES else None
     for part in parts:
         out.n_parts += 1
-        record = records.pop(_key(part), None)
+        record = records.pop(str(part), None)
         recorded = _read_record(record) if record is not None else None
         if recorded is None:
             out.n_unrecorded += 1
@@ -97,7 +97,7 @@ def check_table(wh: Warehouse, table: str, checksum: bool = True, shard: int | N
         if problem:
             out.problems.append(problem)
     for path in records.values():  # records left: their parts are gone
-        out.problems.append(PartProblem(table, _shown(path), "missing", "its record is here, the part is not"))
+        out.problems.append(PartProblem(table, str(path), "missing", "its record is here, the part is not"))
     return out
 
 
@@ -172,7 +172,7 @@ def set_aside(wh: Warehouse, problem: PartProblem) -> str:
 
 # -- one part -------------------------------------------------------------------------------------------------
 def _check_part(table: str, part: TablePath, recorded: dict | None, schema, checksum: bool) -> PartProblem | None:
-    shown = _shown(part)
+    shown = str(part)  # a local path, or s3://bucket/key
 
     def problem(kind: str, reason: str) -> PartProblem:
         return PartProblem(table, shown, kind, reason)
@@ -270,20 +270,12 @@ def _listing(wh: Warehouse, table: str, shard: int | None = None) -> tuple[list,
     else:
         files = []
     parts = sorted(f for f in files if _PART.match(f.name))
-    records = {_key(f)[: -len(RECORD_SUFFIX)]: f for f in files if _RECORD.match(f.name)}
+    records = {str(f)[: -len(RECORD_SUFFIX)]: f for f in files if _RECORD.match(f.name)}
     return parts, records
 
 
 def _is_object(path: TablePath) -> bool:
     return hasattr(path, "fs") and hasattr(path, "key")
-
-
-def _key(path: TablePath) -> str:
-    return str(path)
-
-
-def _shown(path: TablePath) -> str:
-    return str(path)  # a local path, or s3://bucket/key
 
 
 def _first_line(e: Exception) -> str:
