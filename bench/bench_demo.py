@@ -1,6 +1,10 @@
 """What `make demo` costs on this machine: wall time per stage, with and without native bf16, in one run.
 
     .venv/bin/python bench/bench_demo.py [--modes native,fp32] [--out bench/RESULTS_demo.md]
+    .venv/bin/python bench/bench_demo.py --modes native,vllm --out bench/RESULTS_demo_engines.md
+
+`vllm` runs the same config with `policy.backend: vllm` (profiling and evaluation on vLLM's engine; needs
+`make setup-vllm`): what `backend: auto` would pick where vLLM is installed.
 
 Each mode runs `pivot run` on the shipped pivot.yaml in a fresh warehouse and Dagster home (a cold demo:
 nothing cached but the converted embedded model). `fp32` rehearses a CPU without native bf16 on any CPU:
@@ -28,6 +32,8 @@ def run_demo(mode: str, work: Path) -> dict:
     """One cold `pivot run` of the demo config; returns {total_s, steps: {step: seconds}, rc}."""
     config = work / "pivot.yaml"
     text = (ROOT / "pivot.yaml").read_text().replace("warehouse: ./warehouse", f"warehouse: {work / 'warehouse'}")
+    if mode == "vllm":
+        text = text.replace("  backend: transformers", "  backend: vllm")
     config.write_text(text)
     env = {**os.environ, "DAGSTER_HOME": str(work / "dagster_home"), "HF_HUB_OFFLINE": "1"}
     if mode == "fp32":
@@ -108,7 +114,8 @@ def main() -> None:
                    key=lambda s: -max(r["steps"].get(s, 0) for r in results.values()))
     lines = ["# `make demo` per stage (bench/bench_demo.py)", "",
              f"CPU: {describe_cpu()}; native bf16: {native} ({why}); load average at end {os.getloadavg()[0]:.2f}.",
-             "`native`: `dtype: auto` as shipped; `fp32`: PIVOT_NATIVE_BF16=0, what a CPU without bf16 runs. "
+             "`native`: `dtype: auto` as shipped; `fp32`: PIVOT_NATIVE_BF16=0, what a CPU without bf16 runs; "
+             "`vllm`: native with `policy.backend: vllm`. "
              "Cold runs of `pivot run` (install and the one-time GGUF conversion not included).", "",
              "| stage | " + " | ".join(f"{m} (s)" for m in results) + " |", "|---|" + "---|" * len(results)]
     for step in steps:

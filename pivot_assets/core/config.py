@@ -17,6 +17,7 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_serializer,
                       model_validator)
 
+from pivot_assets.core.engines import AUTO, EngineChoice, choose_engine
 from pivot_assets.core.identity import EVALUATION, PIVOTS, ROLLOUTS, SAMPLING, SFT, TRAINING, In
 
 InputFormat = Literal["auto", "openai", "responses", "tau2", "sharegpt", "bfcl", "bfcl_multi_turn"]
@@ -87,7 +88,9 @@ class InputSpec(_Strict):
 
 
 class PolicySection(_Strict):
-    backend: Annotated[Literal["transformers", "vllm", "openai"], In(ROLLOUTS)] = "transformers"
+    # transformers | vllm | openai | auto: vLLM where it is installed (make setup-vllm), else transformers; a
+    # base_url: openai (core/engines.py). Resolved when read: the rollouts' identity records the engine that ran
+    backend: Annotated[Literal["transformers", "vllm", "openai", "auto"], In(ROLLOUTS)] = "transformers"
     model: Annotated[str, In(ROLLOUTS)] = "embedded"
     base_url: Annotated[str | None, In(ROLLOUTS)] = None
     api_key_env: str | None = None
@@ -115,6 +118,25 @@ class PolicySection(_Strict):
     thinking: Annotated[Literal["keep", "strip", "off"], In(ROLLOUTS)] = "keep"
     # tokens of thought before </think> is forced (transformers)
     thinking_budget: Annotated[int | None, In(ROLLOUTS)] = Field(None, ge=1)
+    _engine_reason: str = PrivateAttr("named by policy.backend")
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _resolve_auto(cls, data, handler):
+        """`backend: auto` becomes the engine it picks here; why is kept for the run's log (engine_choice)."""
+        choice = None
+        if isinstance(data, dict) and data.get("backend") == AUTO:
+            choice = choose_engine(AUTO, base_url=data.get("base_url"), thinking_budget=data.get("thinking_budget"))
+            data = {**data, "backend": choice.name}
+        section = handler(data)
+        if choice is not None:
+            section._engine_reason = choice.reason
+        return section
+
+    @property
+    def engine_choice(self) -> EngineChoice:
+        """The engine this section runs and why (`auto`'s pick, or the one it names)."""
+        return EngineChoice(self.backend, self._engine_reason)
 
 
 class AdaptiveSection(_Strict):

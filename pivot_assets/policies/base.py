@@ -4,7 +4,7 @@ A backend yields the samples of a group of turns at a time (all K of each turn),
 write one Parquet part per yield: a crash loses at most the group in flight.
 
 The expert action's likelihood: a request may carry its turn's expert message (`expert`). A backend that can
-teacher-force it (capability `scores_continuation`, EngineCapabilities below) runs prompt + expert message through the model once, on the
+teacher-force it (capability `scores_continuation`, core/engines.EngineCapabilities) runs prompt + expert message through the model once, on the
 prefill it does anyway, and yields the log-likelihood of the action's tokens beside the samples
 (`SampleBatch.likelihoods`); the others ignore `expert` and yield plain lists. The transformers backend
 implements it; vLLM can (prompt_logprobs on prompt + action); an OpenAI-compatible server does not.
@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterator, Protocol, runtime_checkable
 
 from pivot_assets.core.config import PolicySection
+from pivot_assets.core.engines import EngineCapabilities  # noqa: F401 (re-exported: the protocol's other half)
 from pivot_assets.core.identity import SAMPLING, fingerprint, values
 
 FINISH_REASONS = ("stop", "length")
@@ -114,20 +115,6 @@ def new_stats() -> dict:
         "cache_hits": 0,  # turns whose prefill reused a cached prefix
         "wall_s": 0.0,
     }
-
-
-@dataclass(frozen=True)
-class EngineCapabilities:
-    """What an engine can do. The pipeline asks these (policies/factory.capabilities), never an engine's name."""
-
-    local_model: bool  # samples a local model dir: a local tokenizer, a weights fingerprint, a dtype it resolves
-    torch_in_process: bool  # runs torch in the calling process, whose intra-op threads are set there
-    turn_rows_together: bool  # one prefill serves a turn's K samples: batches are turn-major, else sample-major
-    scores_continuation: bool  # teacher-forced log-likelihood of a given continuation (the expert action's)
-    prefix_reuse: bool  # keeps a prompt's KV across calls (a prefix cache; transformers: with keep_prompts), so a
-    # later round skips the prefill
-    bounded_thinking: bool  # implements policy.thinking_budget (a forced </think>)
-    packages: tuple[str, ...] = ()  # what must import where it runs (a Ray worker's preflight)
 
 
 @runtime_checkable

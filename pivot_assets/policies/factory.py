@@ -8,31 +8,11 @@ from collections.abc import Mapping
 from pydantic import ValidationError
 
 from pivot_assets.core.config import PolicySection
+from pivot_assets.core.engines import BACKENDS, ENGINES, capabilities  # noqa: F401 (the engines' table, re-exported)
 from pivot_assets.core.hardware import resolve_dtype, resolve_threads
 
-from .base import EngineCapabilities, PolicyBackend
+from .base import PolicyBackend
 from .models import PromptFormat
-
-# Each engine's capabilities: the one place a backend's name maps to what it can do.
-ENGINES = {
-    "transformers": EngineCapabilities(local_model=True, torch_in_process=True, turn_rows_together=True,
-                                       scores_continuation=True, prefix_reuse=True, bounded_thinking=True,
-                                       packages=("torch", "transformers")),
-    "vllm": EngineCapabilities(local_model=True, torch_in_process=False, turn_rows_together=False,
-                               scores_continuation=True, prefix_reuse=True, bounded_thinking=False,
-                               packages=("vllm",)),
-    "openai": EngineCapabilities(local_model=False, torch_in_process=False, turn_rows_together=False,
-                                 scores_continuation=False, prefix_reuse=False, bounded_thinking=False),
-}
-BACKENDS = tuple(ENGINES)
-
-
-def capabilities(backend: str) -> EngineCapabilities:
-    """What the engine `policy.backend` names can do."""
-    try:
-        return ENGINES[backend]
-    except KeyError:
-        raise ValueError(f"policy.backend {backend!r}: expected one of {', '.join(BACKENDS)}") from None
 
 
 def policy_section(policy: PolicySection | Mapping) -> PolicySection:

@@ -639,7 +639,9 @@ class Profiler:
         stats: dict = {"turns_profiled": len(self.turns), "turns_prompt_too_long": len(skipped),
                        "samples_per_turn": self.sampling.k,
                        "policy_fp": self.policy_fp, "sampling_fp": self.sampling_fp, "seeding": self.seeding,
-                       **self.precision.as_metadata()}
+                       **self.precision.as_metadata(), **self.policy.engine_choice.as_metadata()}
+        if log:
+            log(f"engine: {self.policy.backend} ({self.policy.engine_choice.reason})")
         backend = _Lazy(self.build_backend)
         try:
             if self.seeding == PER_TURN:

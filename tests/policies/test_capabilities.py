@@ -27,3 +27,36 @@ def test_every_engine_declares_its_capabilities():
     assert not capabilities("openai").local_model
     with pytest.raises(ValueError, match="policy.backend 'sglang': expected one of transformers, vllm, openai"):
         capabilities("sglang")
+
+
+def test_auto_picks_the_fastest_engine_installed(monkeypatch):
+    from pivot_assets.core import engines
+    from pivot_assets.core.config import PolicySection
+
+    vllm_here = engines.installed("vllm")
+    section = PolicySection.model_validate({"backend": "auto"})
+    assert section.backend == ("vllm" if vllm_here else "transformers")  # never "auto": the identity records it
+    assert section.engine_choice.reason.startswith(f"auto: {section.backend} ")
+    assert PolicySection.model_validate({"backend": "auto", "thinking_budget": 64}).backend == "transformers"
+    assert PolicySection.model_validate({"backend": "auto", "base_url": "http://127.0.0.1:1/v1"}).backend == "openai"
+    assert PolicySection().engine_choice.reason == "named by policy.backend"
+
+    real_find_spec = engines.importlib.util.find_spec
+    monkeypatch.setattr(engines.importlib.util, "find_spec", lambda name: None if name == "vllm" else real_find_spec(name))
+    fallback = PolicySection.model_validate({"backend": "auto"})
+    assert fallback.backend == "transformers" and "vllm is not installed" in fallback.engine_choice.reason
+
+
+def test_the_engine_auto_picks_is_part_of_the_rollouts_identity(tmp_path):
+    from pivot_assets.core.config import load_config
+    from pivot_assets.core.identity import ROLLOUTS, values
+
+    def rollouts_identity(backend):
+        (tmp_path / "pivot.yaml").write_text(f"policy: {{backend: {backend}}}\n")
+        return values(load_config(tmp_path / "pivot.yaml").policy, ROLLOUTS)
+
+    (tmp_path / "pivot.yaml").write_text("policy: {backend: auto}\n")
+    picked = load_config(tmp_path / "pivot.yaml").policy.backend
+    assert rollouts_identity("auto") == rollouts_identity(picked)
+    other = "transformers" if picked == "vllm" else "vllm"
+    assert rollouts_identity("auto") != rollouts_identity(other)
