@@ -23,18 +23,22 @@ class EngineCapabilities:
     prefix_reuse: bool  # keeps a prompt's KV across calls (a prefix cache; transformers: with keep_prompts), so a
     # later round skips the prefill
     bounded_thinking: bool  # implements policy.thinking_budget (a forced </think>)
+    per_row_seeds: bool  # generate(..., rows=...): each (turn, sample index) drawn under its own seed, so sample i
+    # of a turn is the same draw whatever k, round or batch (adaptive rounds, evaluation)
     packages: tuple[str, ...] = ()  # what must import where it runs (a Ray worker's preflight)
 
 
 ENGINES = {
     "transformers": EngineCapabilities(local_model=True, torch_in_process=True, turn_rows_together=True,
                                        scores_continuation=True, prefix_reuse=True, bounded_thinking=True,
+                                       per_row_seeds=True,
                                        packages=("torch", "transformers")),
     "vllm": EngineCapabilities(local_model=True, torch_in_process=False, turn_rows_together=False,
-                               scores_continuation=True, prefix_reuse=True, bounded_thinking=False,
+                               scores_continuation=True, prefix_reuse=True, bounded_thinking=False, per_row_seeds=True,
                                packages=("vllm",)),
     "openai": EngineCapabilities(local_model=False, torch_in_process=False, turn_rows_together=False,
-                                 scores_continuation=False, prefix_reuse=False, bounded_thinking=False),
+                                 scores_continuation=False, prefix_reuse=False, bounded_thinking=False,
+                                 per_row_seeds=False),
 }
 BACKENDS = tuple(ENGINES)
 AUTO = "auto"

@@ -209,8 +209,6 @@ class TransformersBackend:
         return ids
 
     # ---- public ----------------------------------------------------------------------------------
-    per_row_seeds = True  # generate(..., rows=...) is supported (profiling/profiler.Profiler.generate_samples)
-
     def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig,
                  rows: RowSeeds | None = None) -> Iterator[list[Sample]]:
         """Yield all K samples of each batch of turns (turns of a trajectory kept together, in order), as a

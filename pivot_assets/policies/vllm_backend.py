@@ -104,8 +104,6 @@ class VLLMBackend:
     (`policy.engine_args`: enforce_eager, max_model_len, kv_cache_memory_bytes, block_size, ...).
     """
 
-    per_row_seeds = True  # generate(..., rows=...) is supported (profiling/profiler.Profiler.generate_samples)
-
     def __init__(self, model: str = "embedded", dtype: str = "bfloat16", device: str = "cpu", batch_size: int = 64,
                  threads: int = 1, fmt: PromptFormat = PromptFormat(), engine_args: dict | None = None):
         missing = vllm_missing()

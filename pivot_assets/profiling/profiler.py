@@ -788,7 +788,7 @@ class Profiler:
         requests = {q.turn_id: q for q in generation_requests(self.wh, turns, experts)}
         t0 = time.perf_counter()
         samples, likelihoods = (self._samples_per_row(backend, rows, requests)
-                                if getattr(backend, "per_row_seeds", False)
+                                if self.engine.per_row_seeds
                                 else self._samples_per_index(backend, rows, requests))
         part = pa.Table.from_pylist([
             {"turn_id": s.turn_id, "trajectory_id": requests[s.turn_id].trajectory_id, "policy_fp": self.policy_fp,

@@ -76,7 +76,7 @@ def local_accuracy(model_dir: str, pivot_rows: Iterable[dict], domain_verifiers,
     from pivot_assets.profiling.profiler import sample_seed
 
     from pivot_assets.policies.base import SamplingConfig
-    from pivot_assets.policies.factory import build_backend
+    from pivot_assets.policies.factory import build_backend, capabilities
 
     rows = list(pivot_rows)
     if not rows:
@@ -86,11 +86,12 @@ def local_accuracy(model_dir: str, pivot_rows: Iterable[dict], domain_verifiers,
         raise ValueError("local_accuracy: duplicate turn_id in pivot_rows")
     requests = _requests(rows)
     states = {r.turn_id: r.messages for r in requests}
-    engine = build_backend(policy or PolicySection(), model=str(model_dir))
+    policy = policy or PolicySection()
+    engine = build_backend(policy, model=str(model_dir))
     sampling = SamplingConfig(k=k, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
     scores: dict[str, list] = defaultdict(list)
     rows_plan = ({r.turn_id: [(i, sample_seed(seed, i)) for i in range(k)] for r in requests}
-                 if getattr(engine, "per_row_seeds", False) else None)
+                 if capabilities(policy.backend).per_row_seeds else None)
     for samples in engine.generate(requests, sampling, **({"rows": rows_plan} if rows_plan else {})):
         for s in samples:
             row = by_turn[s.turn_id]
