@@ -599,15 +599,18 @@ class Profiler:
 
     def guard_prompts(self, log: Callable[[str], None] | None = None) -> list[dict]:
         """Record the wanted turns whose prompt does not fit the model's context (prompt_guard.py) in skipped_turns
-        and leave them out of this profiler's turns."""
+        and leave them out of this profiler's turns. A turn with samples under this policy and sampling passed the
+        same guard before (the limit is in their identity): only the others are rendered again."""
         from pivot_assets.policies.models import PromptFormat, load_tokenizer
 
         model = policy_model(self.policy, self.wh)
         limit = prompt_guard.prompt_limit(self.policy, model)
         rows = []
-        if limit is not None and self.wanted_turns:
+        sampled = done_turns(self.wh, self.policy_fp, self.sampling_fp, self.shard) if limit is not None else set()
+        unchecked = [t for t in self.wanted_turns if t not in sampled]
+        if limit is not None and unchecked:
             tokenizer = load_tokenizer(model, PromptFormat.from_policy(self.policy))
-            rows = prompt_guard.too_long(generation_requests(self.wh, self.wanted_turns), tokenizer, limit)
+            rows = prompt_guard.too_long(generation_requests(self.wh, unchecked), tokenizer, limit)
         prompt_guard.write_skipped(self.wh, rows, self.shard)
         skipped = {r["turn_id"] for r in rows}
         self.turns = [t for t in self.wanted_turns if t not in skipped]

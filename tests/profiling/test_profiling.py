@@ -165,6 +165,8 @@ def test_prompts_past_max_prompt_tokens_are_listed_not_profiled(project, capsys)
     assert profiled == set(wanted) - too_long
     con.close()
     assert last_metadata("rollouts")["turns_prompt_too_long"] == len(too_long)
+    assert pivot(["run", "--select", "rollouts"]) == 0  # cached: the sampled turns are not rendered again ...
+    assert last_metadata("rollouts")["turns_prompt_too_long"] == len(too_long)  # ... the skipped ones stay listed
     capsys.readouterr()
     assert pivot(["sql", "not_profiled", "--format", "csv"]) == 0
     assert len(capsys.readouterr().out.strip().splitlines()) == 1 + len(too_long)
