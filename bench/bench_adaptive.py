@@ -56,10 +56,15 @@ def loadavg() -> str:
 
 
 # -- running the pipeline ---------------------------------------------------------------------------------------
-def write_config(base: dict, path: Path, warehouse: Path, k: int, adaptive: dict | None) -> Path:
+def write_config(base: dict, path: Path, warehouse: Path, k: int, adaptive: dict | None,
+                 backend: str | None = None) -> Path:
     cfg = json.loads(json.dumps(base))
     cfg["warehouse"] = str(warehouse)
     cfg.setdefault("policy", {})["k"] = k
+    if backend and backend != cfg["policy"].get("backend"):
+        cfg["policy"]["backend"] = backend
+        if backend != "vllm":
+            cfg["policy"].pop("engine_args", None)
     cfg["profiling"] = {"seeding": "per_sample", "adaptive": adaptive or {"enabled": False}}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -330,15 +335,17 @@ def profile_stats(wh: Path) -> dict:
     return {"samples": int(samples), "turns": turns, "tokens": int(tokens), "reasons": reasons, "sets": sets}
 
 
-def run_modes(args) -> list[tuple[str, int, dict | None]]:
-    """(name, policy.k, adaptive settings) of the side-by-side `pivot run`s."""
+def run_modes(args) -> list[tuple[str, int, dict | None, str | None]]:
+    """(name, policy.k, adaptive settings, engine) of the side-by-side `pivot run`s: each mode on each engine of
+    --run-backends (none given: the config's engine)."""
     def adaptive(eps: float, sets: str) -> dict:
         return {"enabled": True, "rule": args.run_rule, "prior": args.run_prior, "epsilon": eps,
                 "round_size": args.round_size, "sets": sets.split(",")}
     modes = [("off", args.k, None), ("on", args.k, adaptive(args.run_epsilon, args.run_sets))]
     if args.realloc_k:
         modes.append((f"on_k{args.realloc_k}", args.realloc_k, adaptive(args.realloc_epsilon, args.realloc_sets)))
-    return modes
+    backends = args.run_backends.split(",") if args.run_backends else [None]
+    return [(f"{b} {m}" if b else m, k, a, b) for b in backends for m, k, a in modes]
 
 
 def run_section(args, base: dict, out: Path, label_wh: Path, log: Path, label_sets: dict) -> list[str]:
@@ -347,33 +354,34 @@ def run_section(args, base: dict, out: Path, label_wh: Path, log: Path, label_se
     saved = out / "runs.json"
     results = json.loads(saved.read_text()) if args.reuse_runs and saved.exists() else {}
     modes = run_modes(args)
-    for mode, k, settings in modes:
+    for mode, k, settings, backend in modes:
         if mode in results:
             continue
-        wh = out / f"run_{mode}_wh"
+        slug = mode.replace(" ", "_")
+        wh = out / f"run_{slug}_wh"
         shutil.rmtree(wh, ignore_errors=True)
-        shutil.rmtree(out / f"dagster_{mode}", ignore_errors=True)
+        shutil.rmtree(out / f"dagster_{slug}", ignore_errors=True)
         wh.mkdir(parents=True)
         for name in ("trajectories.parquet", "turns.parquet", "quarantine.parquet"):
             if (label_wh / name).exists():
                 shutil.copy(label_wh / name, wh / name)
         if (label_wh / "models").is_dir():
             shutil.copytree(label_wh / "models", wh / "models")
-        config = write_config(base, out / f"run_{mode}.yaml", wh, k, settings)
+        config = write_config(base, out / f"run_{slug}.yaml", wh, k, settings, backend)
         load_start = loadavg()
-        wall = pivot_run(config, PROFILING + "," + SELECTION, out / f"dagster_{mode}", log)
+        wall = pivot_run(config, PROFILING + "," + SELECTION, out / f"dagster_{slug}", log)
         stats = profile_stats(wh)
         stats.update(k=k, adaptive=settings, wall=wall, load=f"{load_start} -> {loadavg()}",
-                     **generation_figures(out / f"dagster_{mode}"))
+                     engine=load_config(config).policy.backend, **generation_figures(out / f"dagster_{slug}"))
         stats["sets"] = {name: sorted(v) for name, v in stats["sets"].items()}
         results[mode] = stats
         saved.write_text(json.dumps(results, indent=1))
-    names = [m for m, _, _ in modes]
+    names = [m for m, *_ in modes]
     lines = ["## 4. `pivot run` profiling + selection, side by side (one run each, from the same ingested warehouse "
              "and reference policy)", "",
              *(f"- `{m}`: policy.k={results[m]['k']}, adaptive {json.dumps(results[m]['adaptive'])}" for m in names), "",
              "| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
-    for name, key in (("wall (s)", "wall"), ("generation (s, in rollouts)", "generation_s"), ("samples", "samples"),
+    for name, key in (("engine", "engine"), ("wall (s)", "wall"), ("generation (s, in rollouts)", "generation_s"), ("samples", "samples"),
                       ("generated tokens", "tokens"), ("rounds", "rounds"), ("prompt prefills", "turns"),
                       ("prefill tokens computed", "prefill_tokens_computed"),
                       ("load average (start -> end)", "load"), ("stop reasons", "reasons")):
@@ -403,6 +411,8 @@ def main() -> None:
     ap.add_argument("--realloc-k", type=int, default=16, help="a third run: adaptive with this budget (0: none)")
     ap.add_argument("--realloc-epsilon", type=float, default=0.2)
     ap.add_argument("--realloc-sets", default="adv")
+    ap.add_argument("--run-backends", default="", help="comma-separated engines to run the side-by-side modes on "
+                    "(e.g. vllm,transformers; the label is drawn on the config's engine)")
     ap.add_argument("--skip-runs", action="store_true", help="replay only: no side-by-side pivot runs")
     ap.add_argument("--reuse-runs", action="store_true", help="keep the runs recorded in <out>/runs.json")
     ap.add_argument("--results", default=str(REPO / "bench" / "RESULTS_adaptive.md"))
