@@ -539,17 +539,29 @@ def _draws_by_model(cfg: "PivotConfig", policies: list[Policy]) -> dict[str, tup
     return wanted
 
 
+def evaluation_workers(cfg: "PivotConfig", models: int) -> int:
+    """How many models are scored at once: runtime.workers, or one where the engine runs in its own processes."""
+    from pivot_assets.core.parallel import EVAL_MEMORY_GIB, resolve_workers
+    from pivot_assets.policies.factory import capabilities
+
+    if not capabilities(evaluation_engine(cfg).backend).torch_in_process:
+        # one engine per model (vLLM's engine core and worker): two at once on a 2-core box starved each other,
+        # the demo's evaluation unfinished after 30 min (bench/RESULTS_demo_engines.md)
+        return 1
+    return resolve_workers(cfg.runtime.workers, cfg.runtime.threads, models, EVAL_MEMORY_GIB)
+
+
 def _score_in_workers(wh: "Warehouse", cfg: "PivotConfig", wanted: dict[str, tuple[str, list[int]]],
                       rows: list[dict], probe: list[dict], verifiers, log) -> dict[str, dict]:
     """Score the models with a draw or the probe not yet in the evaluation cache, several at once
     (runtime.workers); {model_fp: scores}. With one worker this does nothing: score_policies scores them in turn."""
-    from pivot_assets.core.parallel import EVAL_MEMORY_GIB, resolve_workers, run_jobs
+    from pivot_assets.core.parallel import run_jobs
 
     turn_ids = [r["turn_id"] for r in rows]
     todo = {fp: spec for fp, spec in wanted.items()
             if not _cache_path(wh, fp, ood_key(cfg, probe)).exists()
             or any(not _cache_path(wh, fp, local_key(cfg, turn_ids, verifiers, d)).exists() for d in spec[1])}
-    workers = resolve_workers(cfg.runtime.workers, cfg.runtime.threads, len(todo), EVAL_MEMORY_GIB)
+    workers = evaluation_workers(cfg, len(todo))
     if workers <= 1:
         return {}
     log(f"evaluation: {len(todo)} models to score, {workers} at a time in worker processes (runtime.workers)")

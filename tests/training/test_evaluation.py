@@ -130,3 +130,15 @@ def test_user_probe_from_jsonl_and_hf_dir_and_a_seeded_cap(tmp_path):
     capped = probe_items(None, 50)
     assert len(capped) == 50 and capped == probe_items(None, 50)
     assert {FAMILY[it["kind"]] for it in capped} >= {"arithmetic", "words"}
+
+
+def test_an_engine_in_its_own_processes_scores_one_model_at_a_time(tmp_path):
+    """runtime.workers scores several models at once with in-process engines; a vLLM engine is one per model."""
+    from pivot_assets.core.config import load_config
+    from pivot_assets.core.parallel import EVAL_MEMORY_GIB, resolve_workers
+    from pivot_assets.training.evaluation import evaluation_workers
+
+    (tmp_path / "pivot.yaml").write_text("policy: {backend: transformers}\nruntime: {workers: 2, threads: 1}\n")
+    assert evaluation_workers(load_config(tmp_path / "pivot.yaml"), 3) == resolve_workers(2, 1, 3, EVAL_MEMORY_GIB)
+    (tmp_path / "pivot.yaml").write_text("policy: {backend: vllm}\nruntime: {workers: 2, threads: 1}\n")
+    assert evaluation_workers(load_config(tmp_path / "pivot.yaml"), 3) == 1
