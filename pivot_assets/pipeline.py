@@ -24,9 +24,11 @@ def stage_builders():
     from pivot_assets.curation import assets as curation
     from pivot_assets.ingest import assets as ingest
     from pivot_assets.profiling import assets as profiling
+    from pivot_assets.refresh import assets as refresh
     from pivot_assets.training import assets as training
 
-    return [ingest.build_assets, profiling.build_assets, curation.build_assets, training.build_assets]
+    return [ingest.build_assets, profiling.build_assets, curation.build_assets, training.build_assets,
+            refresh.build_assets]
 
 
 def build_definitions(config: str | os.PathLike | PivotConfig | None = None) -> dg.Definitions:

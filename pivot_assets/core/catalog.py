@@ -119,6 +119,27 @@ SELECTION_LOG_SCHEMA = pa.schema(
     [("turn_id", pa.string()), ("set", pa.string()), ("kept", pa.bool_()), ("reason", pa.string())]
 )
 
+# Refresh rounds (refresh/rounds.py): one row per (round, turn of the pool). policy_fp: the round's policy (the
+# checkpoint it profiles with); profiled_by: the policy whose samples the row's stats are (another round's when the
+# turn was skipped and its profile carried forward). bucket: adv | mixed | easy | unsolved (REFRESH_BUCKETS).
+REFRESH_PROFILES = "refresh_profiles"
+REFRESH_BUCKETS = ("adv", "mixed", "easy", "unsolved")
+REFRESH_PROFILES_SCHEMA = pa.schema(
+    [("round", pa.int32()), ("turn_id", pa.string()), ("trajectory_id", pa.string()), ("domain", pa.string()),
+     ("policy_fp", pa.string()), ("profiled_by", pa.string()), ("verifier_fp", pa.string()), ("k", pa.int32()),
+     ("n_pass", pa.int32()), ("reward_mean", pa.float64()), ("reward_var", pa.float64()), ("stop_reason", pa.string()),
+     ("bucket", pa.string()), ("skipped", pa.bool_()), ("replayed", pa.bool_()), ("trained", pa.bool_())]
+)
+# What each round spent, per phase (profiling | grpo_generation | evaluation): samples (one assistant turn each) and
+# generated tokens; the GRPO figures the end-to-end estimate of sql/rollout_budget.sql reads.
+REFRESH_BUDGET = "refresh_budget"
+BUDGET_PHASES = ("profiling", "grpo_generation", "evaluation")
+REFRESH_BUDGET_SCHEMA = pa.schema(
+    [("round", pa.int32()), ("phase", pa.string()), ("samples", pa.int64()), ("generated_tokens", pa.int64()),
+     ("grpo_steps", pa.int32()), ("prompts_per_step", pa.int32()), ("num_generations", pa.int32()),
+     ("policy_fp", pa.string())]
+)
+
 # -- pivot sets ------------------------------------------------------------------------------------
 PIVOT_SETS = ("mixed", "adv", "cand")
 SET_TABLES = {name: f"pivots_{name}" for name in PIVOT_SETS}
@@ -157,6 +178,8 @@ TABLES: dict[str, Table] = {
         *(Table(name, _PROFILE_KEY, blocking=True, related=("turns",)) for name in PIVOT_TABLES),
         Table(SELECTION_LOG, ("turn_id", "set"), SELECTION_LOG_SCHEMA, contract=False),
         Table(SKIPPED_TURNS, ("turn_id",), SKIPPED_TURNS_SCHEMA, contract=False),
+        Table(REFRESH_PROFILES, ("round", "turn_id"), REFRESH_PROFILES_SCHEMA, contract=False),
+        Table(REFRESH_BUDGET, ("round", "phase"), REFRESH_BUDGET_SCHEMA, contract=False),
     )
 }
 CONTRACT_TABLES = tuple(name for name, t in TABLES.items() if t.contract)

@@ -19,6 +19,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from pivot_assets.core.engines import AUTO, EngineChoice, choose_engine
 from pivot_assets.core.identity import EVALUATION, PIVOTS, ROLLOUTS, SAMPLING, SFT, TRAINING, In
+from pivot_assets.core.identity import REFRESH
 
 InputFormat = Literal["auto", "openai", "responses", "tau2", "sharegpt", "bfcl", "bfcl_multi_turn"]
 FORMATS = get_args(InputFormat)  # the input formats (ingest/formats.py describes each)
@@ -269,6 +270,26 @@ class SFTSection(_Strict):
     examples: Annotated[Literal["auto", "trajectory", "turn"], In(SFT)] = "auto"
 
 
+class RefreshSection(_Strict):
+    """Refresh rounds (refresh/rounds.py): round 0 is the pipeline's own chain (the reference profiles, the pivot
+    sets, grpo_run); round r profiles the pool again with round r-1's GRPO checkpoint, reselects and trains on."""
+
+    rounds: int = Field(0, ge=0, le=20, description=(
+        "Rounds in all, round 0 included: 0 turns refresh off (no refresh assets), 1 records round 0 only, "
+        "2 adds round 1 (profiled with grpo_run's checkpoint), and so on. Not in any identity: round r is the "
+        "same whatever the number after it."))
+    steps_per_round: Annotated[int, In(REFRESH)] = Field(4, ge=1, description=(
+        "GRPO steps each round r >= 1 trains from round r-1's checkpoint (round 0 trains training.steps)."))
+    skip_settled_prob: Annotated[float, In(REFRESH)] = Field(0.0, ge=0.0, le=1.0, description=(
+        "Probability that a turn with zero reward variance in the last round is not profiled again (its last "
+        "profile is carried forward, marked skipped); drawn per turn and round from refresh.seed. 0: every turn "
+        "is profiled every round."))
+    replay_fraction: Annotated[float, In(REFRESH)] = Field(0.0, ge=0.0, le=1.0, description=(
+        "Fraction of the turns mastered in the last round (every sample passed) that rejoin the round's training "
+        "set, a seeded draw per round (recorded as replayed)."))
+    seed: Annotated[int, In(REFRESH)] = Field(0, description="Seed of the skip and replay draws.")
+
+
 class RuntimeSection(_Strict):
     """How processes run torch: intra-op threads (auto = half the usable cores, bench/RESULTS_threads.md), and
     how many independent model jobs (ablation arms, policies to evaluate) run at once in worker processes
@@ -325,6 +346,7 @@ class PivotConfig(_Strict):
     runtime: RuntimeSection = Field(default_factory=RuntimeSection)
     scale: ScaleSection = Field(default_factory=ScaleSection)
     profiling: ProfilingSection = Field(default_factory=ProfilingSection)
+    refresh: RefreshSection = Field(default_factory=RefreshSection, description="Refresh rounds (off by default).")
     ablation: AblationSection | None = None  # present: the ablation_results asset and `ablation_job` run it
     # Directory the relative paths above are resolved against (the config file's folder).
     base_dir: str = "."

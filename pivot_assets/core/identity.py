@@ -13,6 +13,7 @@ belongs where it is declared; no list elsewhere has to remember it. The identiti
     SFT         sft: the SFT model's key and sft_policy's code version
     TRAINING    training: a GRPO model's key and grpo_run's code version (the ablation's arms too)
     EVALUATION  training: pivot_eval's code version (evaluation-only keys never retrain a model)
+    REFRESH     refresh: a refresh round's code version and model key (refresh/rounds.py)
 
 Every code version, run key and row key is `fingerprint(...)`: core/ids.short_hash of core/ids.canonical_json.
 The config-only identities are computed here from the sections they read (typed BaseModel: core/config.py imports
@@ -32,6 +33,7 @@ from .ids import canonical_json, short_hash
 
 ROLLOUTS, SAMPLING, PIVOTS = "rollouts", "sampling", "pivots"
 SFT, TRAINING, EVALUATION = "sft", "training", "evaluation"
+REFRESH = "refresh"
 
 
 class In:

@@ -58,6 +58,19 @@ def lines_png(series: dict[str, list[tuple[float, float]]], *, title: str, xlabe
     return _png(plt, fig)
 
 
+def stacked_bars_png(labels: list[str], stacks: dict[str, list[float]], *, title: str, ylabel: str) -> bytes:
+    """One bar per label made of one segment per named stack (the turns per bucket in each refresh round)."""
+    plt, (fig, ax) = _figure()
+    bottom = [0.0] * len(labels)
+    for name, heights in stacks.items():
+        ax.bar(labels, heights, bottom=bottom, label=name)
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+    return _png(plt, fig)
+
+
 def save_png(png: bytes, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(png)

@@ -526,6 +526,10 @@ class Profiler:
     make one call: generate(), score(), profile().
     """
 
+    # False for a profiler of a subset of the pool under another policy (a refresh round): skipped_turns lists the
+    # pool's prompt-guard skips, which such a run must not replace with its own subset's
+    records_skipped = True
+
     def __init__(self, wh: Warehouse, policy: "PolicySection", verifiers, threads: int | str = "auto",
                  shard: int | None = None, shards: int = 1, seeding: str = PER_TURN,
                  adaptive: "AdaptiveSection | None" = None, lambda_diff: float = LAMBDA_DIFF,
@@ -611,7 +615,8 @@ class Profiler:
         if limit is not None and unchecked:
             tokenizer = load_tokenizer(model, PromptFormat.from_policy(self.policy))
             rows = prompt_guard.too_long(generation_requests(self.wh, unchecked), tokenizer, limit)
-        prompt_guard.write_skipped(self.wh, rows, self.shard)
+        if self.records_skipped:
+            prompt_guard.write_skipped(self.wh, rows, self.shard)
         skipped = {r["turn_id"] for r in rows}
         self.turns = [t for t in self.wanted_turns if t not in skipped]
         if rows and log:

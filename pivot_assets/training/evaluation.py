@@ -90,10 +90,12 @@ def local_accuracy(model_dir: str, pivot_rows: Iterable[dict], domain_verifiers,
     engine = build_backend(policy, model=str(model_dir))
     sampling = SamplingConfig(k=k, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
     scores: dict[str, list] = defaultdict(list)
+    tokens = 0  # generated tokens, for a caller that accounts for rollouts (refresh/rounds.py)
     rows_plan = ({r.turn_id: [(i, sample_seed(seed, i)) for i in range(k)] for r in requests}
                  if capabilities(policy.backend).per_row_seeds else None)
     for samples in engine.generate(requests, sampling, **({"rows": rows_plan} if rows_plan else {})):
         for s in samples:
+            tokens += s.n_completion_tokens
             row = by_turn[s.turn_id]
             verifier = domain_verifiers.for_domain(row.get("domain"))
             scores[s.turn_id].append(verifier.score(row["expert_action"], s.completion, tools=row.get("tools"),
@@ -108,7 +110,8 @@ def local_accuracy(model_dir: str, pivot_rows: Iterable[dict], domain_verifiers,
                          "n_pass": sum(r >= 1.0 for r in rewards), "rewards": rewards,
                          "reasons": [sc.reason for sc in got]})
     accuracy = sum(t["reward_mean"] for t in per_turn) / len(per_turn)
-    return {"n_pivots": len(per_turn), "k": k, "local_accuracy": accuracy, "per_turn": per_turn}
+    return {"n_pivots": len(per_turn), "k": k, "local_accuracy": accuracy, "per_turn": per_turn,
+            "generated_tokens": tokens}
 
 
 # -- evaluation sets -------------------------------------------------------------------------------
