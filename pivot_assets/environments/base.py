@@ -54,8 +54,9 @@ class Environment(ABC):
         """Run one call (arguments by name) on `world`, changing it; CallFailed when it cannot run or raises."""
 
     @abstractmethod
-    def differences(self, world: Any, reference: Any) -> str | None:
-        """None when the observable state of `world` equals `reference`'s, else the first difference, short."""
+    def differences(self, world: Any, reference: Any, working_state: bool = True) -> str | None:
+        """None when the observable state of `world` equals `reference`'s, else the first difference, short;
+        working_state: also the hidden state the next calls read (a working directory), where the kind has one."""
 
     def parse_call(self, text: str) -> tuple[str, list, dict]:
         """A call written as text in the kind's own notation -> (name, positional values, keyword values)."""

@@ -142,13 +142,17 @@ class BFCLMultiTurn(Environment):
         named = self.bind(world, name, (), arguments)
         method = getattr(world.instances[world.owner[name]], name)
         try:
-            value = method(**named)
+            # a copy: the simulated APIs keep argument lists in their state (a tweet's mentions) and mutate them
+            # later, which must change neither the caller's values nor a recorded call
+            value = method(**copy.deepcopy(named))
         except Exception as exc:  # BFCL's own executor catches everything a simulated API raises
             raise CallFailed("raised", f"{name}: {type(exc).__name__}: {str(exc)[:200]}") from None
         error = str(value["error"])[:200] if isinstance(value, dict) and "error" in value else None
         return Outcome(result_text(value), error)
 
-    def differences(self, world: World, reference: World) -> str | None:
+    def differences(self, world: World, reference: World, working_state: bool = True) -> str | None:
+        """BFCL's state_checker (public attributes); with `working_state`, also the private state later calls read
+        (WORKING_STATE: the file system's current directory, by path; the car's brake forces and slope)."""
         for class_name, expected in reference.instances.items():
             got = world.instances.get(class_name)
             if got is None:
@@ -158,6 +162,11 @@ class BFCLMultiTurn(Environment):
                     continue
                 if getattr(got, attr, _MISSING) != value:
                     return f"{class_name}.{attr} differs"
+            if working_state:
+                for attr in WORKING_STATE.get(class_name, ()):
+                    mine, theirs = _working(getattr(got, attr, _MISSING)), _working(getattr(expected, attr, _MISSING))
+                    if mine != theirs:
+                        return f"{class_name}.{attr} differs ({str(mine)[:60]} vs {str(theirs)[:60]})"
         return None
 
     def parse_call(self, text: str) -> tuple[str, list, dict]:
@@ -173,3 +182,18 @@ class BFCLMultiTurn(Environment):
 
 
 _MISSING = object()
+# Private attributes BFCL's state check skips (it checks at a turn's end) that the next calls of the turn depend on:
+# where `cd` left the file system, what the brake and slope are. A step that changes them is not the expert's step.
+WORKING_STATE = {"GorillaFileSystem": ("_current_dir",),
+                 "VehicleControlAPI": ("_parkingBrakeForce", "_slopeAngle", "_brakePedalForce")}
+
+
+def _working(value: Any) -> Any:
+    """A working-state value as compared: a directory by its path from the root, anything else as it is."""
+    if type(value).__name__ == "Directory":
+        path = []
+        while value is not None:
+            path.append(value.name)
+            value = value.parent
+        return "/".join(reversed(path))
+    return value

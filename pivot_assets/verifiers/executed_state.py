@@ -80,6 +80,9 @@ class ExecutedStateVerifier(Verifier):
         "fallback": Param("spec", None),
         # Results of calls made in earlier BFCL turns count toward check 2 (BFCL's rule); False: only the sample's.
         "prior_turn_results": Param("bool", True),
+        # Also compare the private state later calls read (the working directory), which BFCL checks only through
+        # the later calls' results; False: public attributes only (BFCL's state_checker).
+        "working_state": Param("bool", True),
         "cache_turns": Param("int", 256, lo=1, in_fingerprint=False),  # rebuilt worlds kept (LRU)
     }
 
@@ -131,7 +134,7 @@ class ExecutedStateVerifier(Verifier):
                              f"{exc.category}: {exc.detail}")
         wrong = (Reason.ARGUMENT_VALUE_DIFFERENT if {c.name for c in candidate.calls} & {c.name for c in expected.calls}
                  else Reason.UNEXPECTED_TOOL)
-        diff = turn.env.differences(world, expected_world)
+        diff = turn.env.differences(world, expected_world, self.config["working_state"])
         if diff is not None:
             return Score(0.0, wrong, f"state after the calls differs from the expert's: {diff}")
         available = Counter(results) + (turn.prior if self.config["prior_turn_results"] else Counter())
