@@ -22,7 +22,6 @@ from pivot_assets.core.catalog import ROLLOUTS_SCHEMA  # noqa: E402
 from pivot_assets.core.config import load_config  # noqa: E402
 from pivot_assets.core.ids import canonical_json  # noqa: E402
 from pivot_assets.core.warehouse import Warehouse  # noqa: E402
-from pivot_assets.environments import TurnState  # noqa: E402
 from pivot_assets.ingest.inputs import write_ingest, write_turns  # noqa: E402
 from pivot_assets.profiling.profiler import score_rollouts  # noqa: E402
 from pivot_assets.verifiers import DomainVerifiers, Reason, VerifierSets, build_verifier, verify_jsonl  # noqa: E402
@@ -235,3 +234,19 @@ def test_choosing_it_in_pivot_yaml_rescores_a_profiled_warehouse_without_generat
     assert slashed and all(executed[k] == (1.0, Reason.OK) for k in slashed)
     assert all(verdicts["tool_call"][k][0] == 0.0 for k in slashed)
     assert canonical_json(sorted(executed)) == canonical_json(sorted(verdicts["tool_call"]))
+
+
+def test_as_grpos_reward_with_the_exported_environment(cases):
+    from pivot_assets.training.grpo import make_verifier_reward
+
+    ref = _case(cases, "reference", "post_tweet")
+    truncated = {**ref.candidate, "arguments": {**ref.candidate["arguments"], "content": "Excited"}}
+    texts = ["<tool_call>" + json.dumps({"name": c["name"], "arguments": c["arguments"]}) + "</tool_call>"
+             for c in (ref.candidate, truncated)]
+    reward = make_verifier_reward(DomainVerifiers({"default": {"name": "executed_state"}}))
+    column = lambda value: [value] * 2  # noqa: E731  (a dataset column, one value per completion)
+    got = reward(prompts=column("p"), completions=texts, expert_action=column(ref.expected_action),
+                 tools=column(json.dumps(ref.tools)), domain=column("bfcl_multi_turn_base"),
+                 state=column(json.dumps(list(ref.state))), environment=column(ref.state.environment))
+    assert got == [1.0, 0.0]
+    assert [r["reason"] for r in reward.completions_log] == [Reason.OK, Reason.ARGUMENT_VALUE_DIFFERENT]
