@@ -10,6 +10,10 @@ Part 2, throughput (`--only speed`) on pairs drawn from REAL tool calls (one cor
 verifier package of a baseline git ref (default: main) loaded side by side and timed in the same run, so a
 loaded machine slows both alike.
 
+Part 4, BFCL's multi-turn checker as the peer of `executed_state` (`--only bfcl-multi-turn`):
+tests/verifiers/bfcl_multi_turn_peer.py builds steps of BFCL multi-turn turns with one kind of change each and
+labels them with bfcl-eval's multi_turn_checker; agreement, every disagreement, and scores/s on one core.
+
 Part 3, BFCL's own AST checker as the peer (`--only bfcl`): tests/verifiers/bfcl_peer.py builds cases from
 BFCL's single-turn data with each kind of change; the table by kind of change and the policy differences.
 
@@ -24,7 +28,7 @@ Each pair's expected action is a real call (as JSON text, as stored in the turns
   openai        the same call as an OpenAI chat message dict with tool_calls (arguments as JSON text)
 
 Usage: .venv/bin/python bench/bench_verifiers.py [--pairs 100000] [--seed 0] [--baseline-ref main]
-                                                 [--only near-misses|speed|bfcl]
+                                                 [--only near-misses|speed|bfcl|bfcl-multi-turn]
 Prints markdown tables; results are recorded in bench/RESULTS_verifiers.md.
 """
 
@@ -684,11 +688,99 @@ def near_miss_report(seed: int, baseline) -> None:
         print(f"| {label} | {len(pairs)} | {len(pairs) / cpu:,.0f} |")
 
 
+MULTI_TURN_CATEGORIES = ("base", "long_context", "miss_func", "miss_param")
+MULTI_TURN_SPECS = ({"name": "executed_state"}, {"name": "executed_state", "working_state": False},
+                    {"name": "executed_state", "prior_turn_results": False}, {"name": "tool_call"})
+
+
+def _disagreement_kind(case, score) -> str:
+    """Why a step verdict differs from BFCL's turn verdict (the policies in RESULTS_verifiers.md)."""
+    if case.kind == "float for int":
+        return "float for int: JSON has one number type"
+    if score.detail.split(":", 1)[0] in ("missing_argument", "extra_argument", "raised", "unknown_tool"):
+        return "a call that raises scores 0 (BFCL: the expert's result was returned in an earlier turn)"
+    return "unexplained"
+
+
+def bfcl_multi_turn_report(seed: int, k: int = 8) -> None:
+    """executed_state and tool_call against bfcl-eval's multi_turn_checker (tests/verifiers/bfcl_multi_turn_peer.py),
+    then throughput: every case a distinct candidate, and K samples per step drawn from the step's variants."""
+    sys.path.insert(0, str(ROOT / "tests" / "verifiers"))
+    import bfcl_multi_turn_peer as peer
+
+    cases = []
+    for category in MULTI_TURN_CATEGORIES:
+        t0 = time.perf_counter()
+        built = peer.build_cases(category)
+        peer.label(built)
+        cases += built
+        print(f"- {category}: {len(built)} cases built and labelled by BFCL in {time.perf_counter() - t0:.1f} s")
+    results = {}
+    for spec in MULTI_TURN_SPECS:
+        verifier = build_verifier(spec)
+        scores = peer.score(cases, verifier)
+        results[json.dumps(spec)] = (peer.agreement(cases, scores), scores)
+    print("\n| kind of change | n | BFCL accepts | " + " | ".join(f"`{k}`: accepts / agrees" for k in results) + " |")
+    print("|---|---:|---:|" + "---:|" * len(results))
+    for kind in peer.KINDS:
+        row = [results[key][0]["by_kind"].get(kind, Counter()) for key in results]
+        if not row[0]["n"]:
+            continue
+        print(f"| {kind} | {row[0]['n']} | {row[0]['bfcl_accepts']} | "
+              + " | ".join(f"{c['accepts']} / {c['agrees']}" for c in row) + " |")
+    totals = []
+    for key, (agreement, _) in results.items():
+        agree = sum(c["agrees"] for c in agreement["by_kind"].values())
+        same_rule = [(c, s) for c, s in agreement["disagreements"] if c.kind != "float for int"]
+        n_same = len(cases) - sum(1 for c in cases if c.kind == "float for int")
+        totals.append(f"{agree} ({agree / len(cases):.2%}); without float for int "
+                      f"{n_same - len(same_rule)} of {n_same} ({1 - len(same_rule) / n_same:.2%})")
+    print(f"| **all** | {len(cases)} | {sum(c.bfcl_valid for c in cases)} | " + " | ".join(totals) + " |")
+    agreement, scores = results[json.dumps(MULTI_TURN_SPECS[0])]
+    print("\nEvery disagreement of `executed_state` (defaults) by reason:\n")
+    grouped = defaultdict(list)
+    for case, score in agreement["disagreements"]:
+        grouped[_disagreement_kind(case, score)].append((case, score))
+    for why, items in sorted(grouped.items()):
+        print(f"- **{why}**: {len(items)}")
+        if why.startswith("float"):
+            continue
+        for case, score in items:
+            print(f"  - {case.item_id} turn {case.turn} step {case.step}, {case.kind}: `{case.call_text[:70]}` "
+                  f"BFCL {'accepts' if case.bfcl_valid else 'rejects (' + case.bfcl_error + ')'}, "
+                  f"ours {score.reason} `{score.detail[:90]}`")
+    print("\nThroughput (one core, CPU time, a new verifier per run: no world or verdict cached before):\n")
+    print("| cases | verifier | scores | scores/s (CPU) |")
+    print("|---|---|---:|---:|")
+    rng = random.Random(seed)
+    by_step = defaultdict(list)
+    for case in cases:
+        by_step[(case.item_id, case.turn, case.step)].append(case)
+    profiled = [rng.choice(variants) for variants in by_step.values() for _ in range(k)]
+    for label, subset in ((f"every case once ({len(cases)})", cases),
+                          (f"K={k} samples per step, drawn from the step's variants", profiled)):
+        for spec in (MULTI_TURN_SPECS[0], MULTI_TURN_SPECS[-1]):
+            verifier = build_verifier(spec)
+            items = [{"expected_action": c.expected_action, "candidate": c.candidate, "tools": c.tools,
+                      "state": c.state} for c in subset]
+            c0 = time.process_time()
+            verifier.score_many(items)
+            cpu = time.process_time() - c0
+            print(f"| {label} | `{spec['name']}` | {len(items)} | {len(items) / cpu:,.0f} |")
+    for category in ("base", "long_context"):
+        subset = [c for c in cases if c.item_id.startswith(f"multi_turn_{category}_")]
+        verifier = build_verifier("executed_state")
+        c0 = time.process_time()
+        peer.score(subset, verifier)
+        print(f"| {category} only, every case once | `executed_state` | {len(subset)} | "
+              f"{len(subset) / (time.process_time() - c0):,.0f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--only", choices=("near-misses", "speed", "bfcl"))
+    ap.add_argument("--only", choices=("near-misses", "speed", "bfcl", "bfcl-multi-turn"))
     ap.add_argument("--baseline-ref", default="main", help="git ref whose verifiers are timed in the same run")
     ap.add_argument("--repeats", type=int, default=3, help="alternating cold-cache runs of tool_call vs baseline")
     args = ap.parse_args()
@@ -701,6 +793,9 @@ def main() -> None:
     if args.only in (None, "bfcl"):
         print("\n## BFCL's AST checker as the peer\n")
         bfcl_report()
+    if args.only in (None, "bfcl-multi-turn"):
+        print("\n## BFCL's multi-turn checker as the peer of executed_state\n")
+        bfcl_multi_turn_report(args.seed)
     if args.only in (None, "speed"):
         print("\n## Throughput\n")
         speed(args, baseline)

@@ -50,6 +50,8 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("tools", pa.string()),
         ("outcome_reward", pa.float64()),
         ("conversation_id", pa.string()),  # source-conversation group key (rule: ingest/formats.py)
+        # canonical JSON {kind, ...} of an executable source (environments/), null for the others
+        ("environment", pa.string()),
     ]
 )
 QUARANTINE_SCHEMA = pa.schema(

@@ -20,6 +20,8 @@ HF (`to_hf_dataset`), one row per pivot:
   stats (policy_fp, verifier_fp, k, reward_mean, reward_var, reward_std, n_pass, n_distinct_actions).
 
   conversation_id  the trajectory's source-conversation key (ingest/formats.py), for splits grouped by conversation.
+  environment    the trajectory's executable environment (JSON text, null when it has none): what a verifier that
+                 executes (executed_state) rebuilds the pivot's world from, e.g. as GRPO's reward.
   The dataset is built as Arrow, not from Python objects: `arguments` is written as JSON text into the Json
   column's storage, so a batch in which no prompt has a tool call still has a type (datasets' own builder fails
   there: "MakeBuilder: cannot construct builder for type extension<arrow.json>").
@@ -55,6 +57,8 @@ from pivot_assets.core.shapes import arguments_dict, rebuild_state
 
 DEFAULT_AGENT_NAME = "single_step_tool_use_with_argument_comparison_agent"
 PROFILE_STATS = ("policy_fp", "verifier_fp", "k", "reward_mean", "reward_var", "reward_std", "n_pass", "n_distinct_actions")
+# trajectory columns a warehouse ingested before they existed lacks (exported as null)
+OPTIONAL_TRAJECTORY_COLUMNS = ("conversation_id", "environment")
 PIVOT_COLUMNS = ("turn_id", "trajectory_id", "domain", "message_index", "action_kind", "expert_action", "selection_rank", "pivot_set")
 TRAJECTORY_COLUMNS = ("trajectory_id", "messages", "tools")
 EXPORT_BATCH = 1000  # pivots per streamed batch
@@ -70,7 +74,7 @@ def iter_pivot_states(pivots: pl.DataFrame, trajectories: pl.DataFrame) -> Itera
     _require(pivots, PIVOT_COLUMNS, "pivots")
     _require(trajectories, TRAJECTORY_COLUMNS, "trajectories")
     wanted = pivots["trajectory_id"].unique()
-    columns = [*TRAJECTORY_COLUMNS, *(["conversation_id"] if "conversation_id" in trajectories.columns else [])]
+    columns = [*TRAJECTORY_COLUMNS, *(c for c in OPTIONAL_TRAJECTORY_COLUMNS if c in trajectories.columns)]
     subset = trajectories.filter(pl.col("trajectory_id").is_in(wanted.implode())).select(columns)
     by_id = {r["trajectory_id"]: r for r in subset.iter_rows(named=True)}
     for pivot in pivots.iter_rows(named=True):
@@ -80,7 +84,7 @@ def iter_pivot_states(pivots: pl.DataFrame, trajectories: pl.DataFrame) -> Itera
         messages, index = trajectory["messages"], pivot["message_index"]
         if not 0 <= index < len(messages) or messages[index]["role"] != "assistant":
             raise ValueError(f"pivot {pivot['turn_id']}: message_index {index} is not an assistant message of its trajectory")
-        pivot = {**pivot, "conversation_id": trajectory.get("conversation_id")}
+        pivot = {**pivot, **{c: trajectory.get(c) for c in OPTIONAL_TRAJECTORY_COLUMNS}}
         yield pivot, rebuild_state(messages, index), _parse_tools(trajectory["tools"])
 
 
@@ -99,11 +103,11 @@ def stream_pivot_states(pivots_path: str, trajectories_path: str,
         missing = [c for c in PIVOT_COLUMNS if c not in columns]
         if missing:
             raise ValueError(f"pivots lack columns {missing}")
-        conversation = ("t.conversation_id" if "conversation_id" in {r[0] for r in con.execute(
-            f"DESCRIBE SELECT * FROM read_parquet('{trajectories_path}')").fetchall()} else "NULL")
+        present = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM read_parquet('{trajectories_path}')").fetchall()}
+        optional = ", ".join(f"{'t.' + c if c in present else 'NULL'} AS {c}" for c in OPTIONAL_TRAJECTORY_COLUMNS)
         reader = con.execute(f"""
             SELECT p.*, t.trajectory_id IS NOT NULL AS _found, len(t.messages) AS _n_messages,
-                   t.messages[p.message_index + 1].role AS _target_role, t.tools AS _tools, {conversation} AS conversation_id,
+                   t.messages[p.message_index + 1].role AS _target_role, t.tools AS _tools, {optional},
                    list_slice(t.messages, 1, p.message_index) AS _state
             FROM read_parquet('{pivots_path}') p
             LEFT JOIN read_parquet('{trajectories_path}') t USING (trajectory_id)
@@ -145,7 +149,7 @@ def _hf_batch(rows: list[dict]) -> pa.RecordBatch:
 
 def hf_row(pivot: dict, state: list[dict], tools: list[dict]) -> dict:
     return {"prompt": _hf_messages(state), "tools": canonical_json(tools),
-            **{name: pivot.get(name) for name in (*PIVOT_COLUMNS, *PROFILE_STATS, "conversation_id")}}
+            **{name: pivot.get(name) for name in (*PIVOT_COLUMNS, *PROFILE_STATS, *OPTIONAL_TRAJECTORY_COLUMNS)}}
 
 
 def export_hf(pivot_states: Iterable[tuple[dict, list[dict], list[dict]]], out_dir: str | Path,
@@ -324,7 +328,7 @@ def _hf_features():
         "action_kind": "string", "expert_action": "string", "selection_rank": "int64", "pivot_set": "string",
         "policy_fp": "string", "verifier_fp": "string", "k": "int64", "reward_mean": "float64",
         "reward_var": "float64", "reward_std": "float64", "n_pass": "int64", "n_distinct_actions": "int64",
-        "conversation_id": "string",
+        "conversation_id": "string", "environment": "string",
     }
     return Features({"prompt": List(message), "tools": Value("string"), **{k: Value(v) for k, v in scalars.items()}})
 

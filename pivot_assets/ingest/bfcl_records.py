@@ -19,6 +19,9 @@ the BFCL rules:
     it: BFCL's turn for it has no user message, and BFCL sends "I have updated some more functions you can choose
     from. What about now?" there; our user message at that point holds the added functions' tool schemas as JSON
     on its first line, then that sentence (BFCL's prompting-mode message for the same turn);
+  - multi-turn environment: {kind: bfcl_multi_turn, involved_classes, initial_config, long_context}
+    (environments/bfcl.py), kept as the trajectory's `environment`, so a verifier can rebuild the world at any
+    step (the expert's earlier calls are the trajectory's own messages);
   - domain `bfcl_<category>` (the id without its index); conversation_id: the item id (single-turn), the id
     without its category (multi-turn: base_7, miss_func_7, miss_param_7 and long_context_7 are variants of one
     conversation and share `multi_turn_7`).
@@ -150,7 +153,8 @@ def multi_turn_chat(item: dict, source: str, answers: str | None = None) -> dict
             messages.append({"role": "tool", "content": result})
     index = item_id.rsplit("_", 1)[-1]
     return {"messages": messages, "tools": bfcl_tools([d for d in docs if d.get("name") not in hidden]),
-            "domain": f"bfcl_{category(item_id)}", "conversation_id": f"multi_turn_{index}"}
+            "domain": f"bfcl_{category(item_id)}", "conversation_id": f"multi_turn_{index}",
+            "environment": session.environment}
 
 
 def _held_back(missed: Any, by_name: dict) -> dict[int, list[str]]:

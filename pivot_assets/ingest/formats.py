@@ -214,8 +214,20 @@ def ingest_record(raw: RawRecord, fmt: str = "auto", domain: str | None = None,
         "tools": canonical_json(tools),
         "outcome_reward": reward,
         "conversation_id": adapted.get("conversation_id") or conversation_id(raw.value, messages, tid),
+        "environment": _environment(adapted.get("environment")),
     }
     return "trajectory", row
+
+
+def _environment(value: Any) -> str | None:
+    """An executable environment as canonical JSON text (environments/base.py), None when the record has none."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = _parse_json_text(value)
+    if not isinstance(value, dict) or not isinstance(value.get("kind"), str):
+        raise RecordError("wrong_type", "environment must be an object with a string 'kind'")
+    return canonical_json(value)
 
 
 def conversation_id(value: Any, messages: list[dict], trajectory_id_: str) -> str:
@@ -594,7 +606,7 @@ def adapt_openai(value: dict, context: dict) -> dict:
     """OpenAI chat completions record."""
     key = next((k for k in ("messages", "traj", "conversation", "conversations") if k in value), "messages")
     return {"messages": chat_messages(value.get(key)), "tools": value.get("tools"),
-            "reward": _record_reward(value), "domain": _record_domain(value)}
+            "reward": _record_reward(value), "domain": _record_domain(value), "environment": value.get("environment")}
 
 
 def adapt_tau2(value: dict, context: dict) -> dict:
@@ -624,7 +636,7 @@ def adapt_bfcl(value: dict, fmt: str, source: str, answers: str | None) -> dict:
     except BFCLError as err:
         raise RecordError(err.category, err.detail) from None
     return {"messages": chat_messages(chat["messages"]), "tools": chat["tools"], "reward": None,
-            "domain": chat["domain"], "conversation_id": chat["conversation_id"]}
+            "domain": chat["domain"], "conversation_id": chat["conversation_id"], "environment": chat.get("environment")}
 
 
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",

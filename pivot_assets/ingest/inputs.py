@@ -12,7 +12,8 @@ from pivot_assets.core.warehouse import Warehouse
 from .bfcl_records import answers_file
 from .formats import load_tools_file
 
-INGEST_VERSION = "3"  # 2: streaming ingest, conversation_id; 3: BFCL, compressed files, tool-call `acceptable`
+INGEST_VERSION = "4"  # 2: streaming ingest, conversation_id; 3: BFCL, compressed files, tool-call `acceptable`;
+# 4: trajectories.environment (BFCL multi-turn worlds)
 
 
 def resolved_inputs(cfg: PivotConfig) -> list[dict]:

@@ -268,6 +268,7 @@ def _sql_rows(lines: pa.Table, unit: Unit) -> pa.Table:
         "tools": rows.column("tools"),
         "outcome_reward": rows.column("outcome_reward"),
         "conversation_id": rows.column("conversation_id"),
+        "environment": pa.nulls(n, pa.string()),  # the chat formats it adapts carry no executable environment
     }).cast(TRAJECTORY_SCHEMA)
 
 

@@ -44,6 +44,7 @@ from pivot_assets.core.ids import canonical_json
 from pivot_assets.core.progress import Progress
 from pivot_assets.core.split import WARMUP, ConversationSplit
 from pivot_assets.core.warehouse import Warehouse
+from pivot_assets.environments import TurnState
 from pivot_assets.policies.factory import capabilities
 
 from . import adaptive as adaptive_rule
@@ -275,15 +276,18 @@ class TurnContext:
     def __init__(self, turn: dict, trajectory: dict):
         self.domain, self.expected_action = turn["domain"], turn["expert_action"]
         self.tools = trajectory["tools"]
-        self.state = trajectory["messages"][: turn["message_index"]]
+        # the messages before the turn, with the trajectory's environment for verifiers that execute
+        self.state = TurnState(trajectory["messages"][: turn["message_index"]], trajectory["environment"])
 
 
 def _trajectories_in_file_order(wh: Warehouse) -> Iterator[dict]:
     """Every trajectory row in file order with a lazily built Python view: messages and parsed tools."""
     import pyarrow.parquet as pq
 
-    for batch in pq.ParquetFile(wh.table_path("trajectories")).iter_batches(
-            batch_size=TRAJECTORY_BATCH, columns=["messages", "tools"]):
+    file = pq.ParquetFile(wh.table_path("trajectories"))
+    # environment: trajectories ingested before the column existed have none (their turns are not executable)
+    columns = ["messages", "tools", *(["environment"] if "environment" in file.schema_arrow.names else [])]
+    for batch in file.iter_batches(batch_size=TRAJECTORY_BATCH, columns=columns):
         for i in range(batch.num_rows):
             yield _LazyTrajectory(batch, i)
 
@@ -297,7 +301,8 @@ class _LazyTrajectory(dict):
 
     def __missing__(self, key):
         row = self._batch.slice(self._index, 1).to_pylist()[0]
-        self.update(messages=row["messages"] or [], tools=json.loads(row["tools"] or "[]"))
+        self.update(messages=row["messages"] or [], tools=json.loads(row["tools"] or "[]"),
+                    environment=row.get("environment"))
         return self[key]
 
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 from pivot_assets.core.config import PolicySection
 
 from pivot_assets.core.shapes import as_canonical_messages
+from pivot_assets.environments import TurnState
 from .ood_probe import ood_accuracy, ood_probe_items  # noqa: F401  (pivot_eval's second column)
 
 if TYPE_CHECKING:
@@ -64,7 +65,8 @@ def local_accuracy(model_dir: str, pivot_rows: Iterable[dict], domain_verifiers,
     """Mean verifier reward over k samples per pivot for the policy at model_dir ("embedded" or an HF dir).
 
     pivot_rows: dicts with turn_id, domain, expert_action (dict or JSON text), tools (list or JSON
-    text) and the state messages under `messages` (canonical) or `prompt` (HF export shape).
+    text), the state messages under `messages` (canonical) or `prompt` (HF export shape) and, for an
+    executable trajectory, its `environment` (what executed_state rebuilds the world from).
     `policy` is the sampling engine (backend, dtype, device, batch size: the `policy:` section; its model is
     replaced by model_dir); default: the section's defaults.
     Returns {n_pivots, k, local_accuracy (None when there are no pivots), per_turn: [{turn_id,
@@ -85,7 +87,9 @@ def local_accuracy(model_dir: str, pivot_rows: Iterable[dict], domain_verifiers,
     if len(by_turn) != len(rows):
         raise ValueError("local_accuracy: duplicate turn_id in pivot_rows")
     requests = _requests(rows)
-    states = {r.turn_id: r.messages for r in requests}
+    # each pivot's messages, with its trajectory's environment when it has one (verifiers that execute)
+    states = {r.turn_id: TurnState(r.messages, by_turn[r.turn_id].get("environment"))
+              if by_turn[r.turn_id].get("environment") is not None else r.messages for r in requests}
     policy = policy or PolicySection()
     engine = build_backend(policy, model=str(model_dir))
     sampling = SamplingConfig(k=k, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)

@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from pivot_assets.core.hardware import Precision, resolve_dtype
 from pivot_assets.core.hardware import configure_torch
 from pivot_assets.core.shapes import as_canonical_messages
+from pivot_assets.environments import TurnState
 
 if TYPE_CHECKING:
     from pivot_assets.core.config import PivotConfig, TrainingSection
@@ -130,6 +131,7 @@ def make_verifier_reward(domain_verifiers, tokenizer=None):
         tool_lists = tools if tools is not None else [None] * n
         turn_ids = kw.get("turn_id") or [None] * n
         states = kw.get("state") or [None] * n
+        environments = kw.get("environment") or [None] * n
         trainer_state = kw.get("trainer_state")
         step = trainer_state.global_step + 1 if trainer_state is not None else None  # the step these rewards train
         rewards = []
@@ -141,7 +143,11 @@ def make_verifier_reward(domain_verifiers, tokenizer=None):
             else:
                 text = _completion_text(completion)
             verifier = domain_verifiers.for_domain(domains[i])
-            state = _json_value(states[i])  # the pivot's messages, for verifiers that read context (judge)
+            # the pivot's messages (for verifiers that read context: a judge) and its trajectory's environment
+            # (for verifiers that execute: executed_state)
+            state = _json_value(states[i])
+            if environments[i] is not None:
+                state = TurnState(state or [], environments[i])
             score = verifier.score(expert_action[i], text, tools=tool_lists[i], state=state)
             rewards.append(float(score.reward))
             completions_log.append({"step": step, "turn_id": turn_ids[i], "domain": domains[i],
@@ -224,7 +230,7 @@ def pad_to_multiple(dataset, multiple: int, seed: int):
     return concatenate_datasets([dataset, dataset.select(rows)])
 
 
-_REWARD_COLUMNS = ("expert_action", "tools", "domain", "turn_id", "trajectory_id", "state")
+_REWARD_COLUMNS = ("expert_action", "tools", "domain", "turn_id", "trajectory_id", "state", "environment")
 
 
 def _text_prompt_dataset(train_dataset, tokenizer, held_out: set[str]):

@@ -2,8 +2,8 @@
 
     from pivot_assets.verifiers import Score, Reason, parse_candidate, build_verifier, DomainVerifiers, verify_jsonl
 
-Verifiers: tool_call (functional, default), exact (ablation baseline), string_similarity, tool_name, llm_judge,
-stack. Each has .name, .version, .config and .fingerprint (the scoring stage's code version: name, version,
+Verifiers: tool_call (functional, default), executed_state (replays the sample in the trajectory's environment:
+BFCL multi-turn), exact (ablation baseline), string_similarity, tool_name, llm_judge, stack. Each has .name, .version, .config and .fingerprint (the scoring stage's code version: name, version,
 verdict-relevant config and a hash of the verifier's code, see code_version.py).
 
 Facts must match. Replies and free-text arguments are compared fact-first (facts.py): ids and codes, amounts,
@@ -35,7 +35,7 @@ verdicts are cached on disk). Nested inside tool_call the judge is asked one rep
 requests (`concurrency`), put the stack at the top level of a domain instead.
 """
 
-from . import exact, llm_judge, stack, string_similarity, tool_call, tool_name  # noqa: F401  (register verifiers)
+from . import exact, executed_state, llm_judge, stack, string_similarity, tool_call, tool_name  # noqa: F401  (register)
 from .base import Param, Reason, Score, Verifier
 from .domains import DomainVerifiers
 from .llm_judge import judge_stats
