@@ -33,6 +33,9 @@ def test_wheel_ships_sql_and_contracts_and_no_top_level_definitions(wheel):
     assert {f"pivot_assets/sql/{p.name}" for p in (REPO / "sql").glob("*.sql")} <= set(names)
     assert {f"pivot_assets/data_contracts/{p.name}" for p in (REPO / "data_contracts").glob("*.json")} <= set(names)
     assert "pivot_assets/policies/chat_template.jinja" in names
+    # Every package in the source tree is in the wheel (a missing one only fails at import, outside the repo).
+    packages = {p.parent.relative_to(REPO).as_posix() for p in (REPO / "pivot_assets").rglob("__init__.py")}
+    assert {f"{pkg}/__init__.py" for pkg in packages} <= set(names)
     assert not [n for n in names if n.split("/")[0] in ("definitions.py", "sql", "data_contracts", "tests")]
 
 
