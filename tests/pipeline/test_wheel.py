@@ -41,19 +41,20 @@ def test_wheel_ships_sql_and_contracts_and_no_top_level_definitions(wheel):
 
 @pytest.mark.slow
 def test_installed_wheel_runs_pivot_sql_and_check_outside_the_repo(wheel, tmp_path):
+    # No PYTHONPATH anywhere: with the repo on it, pip would find the source tree's egg-info and install nothing.
+    env = {k: v for k, v in os.environ.items() if k not in ("PIVOT_CONFIG", "PYTHONPATH")}
     venv = tmp_path / "venv"
-    _run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", venv])
+    _run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", venv], env=env)
     py = venv / "bin" / "python"
-    _run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel])
+    _run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel], env=env)
     # The dependencies come from this test's environment (a .pth line), not from the repo: the package
     # itself must resolve inside the new environment's site-packages.
-    purelib = _run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+    purelib = _run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], env=env).stdout.strip()
     Path(purelib, "deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
 
     work = tmp_path / "project"
     work.mkdir()
     (work / "pivot.yaml").write_text("warehouse: ./wh\nsample: {n_trajectories: 4, seed: 0}\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("PIVOT_CONFIG", "PYTHONPATH")}
     env.update(DAGSTER_HOME=str(work / "dagster_home"), HF_HUB_OFFLINE="1")
     where = _run([py, "-c", "import pivot_assets; print(pivot_assets.__file__)"], cwd=work, env=env).stdout
     assert where.startswith(purelib), where
