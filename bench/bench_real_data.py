@@ -359,8 +359,7 @@ def report(results: list[dict], out: Path) -> None:
              "is the reference (`model: sft`): zero-shot it almost never writes a correct call, so it would profile "
              "every turn at 0 and select nothing. The warm-up trains on the trajectories outside the held-out split "
              "and profiling samples turns from all of them (limit_turns): on trained conversations, as in the demo.",
-             "Timings are from a shared 2-core machine (other jobs running: see each load average); the lead reruns "
-             "benchmarks on a quiet machine.", "",
+             "Timings are from a shared 2-core machine (other jobs running: see each load average).", "",
              "What the configs trade for a CPU: the SFT window (`sft.max_length` 1024) is shorter than every prompt here, "
              "so the warm-up learns each expert action from the last 1k tokens of its state, without the tool list at "
              "the start, while profiling shows the whole prompt; `limit_turns` takes turns by turn_id, which spreads "

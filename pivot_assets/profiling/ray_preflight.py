@@ -1,7 +1,7 @@
 """Is the Ray head able to run shard jobs? Checked once before any is submitted (Dagster-free).
 
 A shard job runs `python -m pivot_assets.profiling.ray_job` with the `python` on the head's PATH, and it opens the
-warehouse with the environment of the node it runs on (credentials are never forwarded: README "Object storage").
+warehouse with the environment of the node it runs on (credentials are never forwarded: docs/scale.md).
 A head started from this venv's `ray` without the venv on PATH, or without the AWS variables an s3:// warehouse
 needs, fails every shard job, each late and with a long traceback. The preflight is one small Ray job with the
 shard jobs' runtime_env: its driver (the `python` a shard job gets) imports this package and what the configured
@@ -110,7 +110,7 @@ def check_ray_head(cfg: PivotConfig, log=print, timeout_s: float = TIMEOUT_S) ->
     return what
 
 
-START_HINT = "start it from this project's environment, e.g. `PATH=$PWD/.venv/bin:$PATH ray start --head` (README: Scale)"
+START_HINT = "start it from this project's environment, e.g. `PATH=$PWD/.venv/bin:$PATH ray start --head` (docs/scale.md)"
 
 
 def _hint(cfg: PivotConfig, what: str) -> str:

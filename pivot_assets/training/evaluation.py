@@ -1,5 +1,5 @@
 """pivot_eval's and the ablation's measurements (Dagster-free), built so a difference can be believed
-(README, "Evaluation and the ablation"):
+(docs/evaluation.md):
 
 - Fixed evaluation sets, independent of the set being trained (`evaluation_sets`): every held-out profiled
   turn (`profiled`), and the held-out turns of D_mixed (`mixed`) and D_adv (`adv`) under the reference

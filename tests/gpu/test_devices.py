@@ -85,7 +85,7 @@ def test_evaluation_and_ood_probe_on_device(embedded_model_dir, device):
 @pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="no CUDA device")
 def test_grpo_on_gpu_keeps_fp32_master_weights_under_bf16(embedded_model_dir, tmp_path):
     """On a GPU with bf16, GRPO trains fp32 weights under bf16 autocast (bf16-stored weights round the updates at
-    lr 1e-6 away: tests/training/test_bf16_updates.py); the README's memory arithmetic follows."""
+    lr 1e-6 away: tests/training/test_bf16_updates.py); docs/engines.md's memory arithmetic follows."""
     from datasets import Dataset
 
     from pivot_assets.training.grpo import run_grpo

@@ -1,6 +1,6 @@
 """The openai backend inside Ray, for real: shard runs submit Ray jobs (single-node head on 127.0.0.1) whose
 actors load no model and send their requests to an OpenAI-compatible server (`transformers serve` on
-127.0.0.1): the server-fleet path of the README's scale plan, on this machine's CPU.
+127.0.0.1): the server-fleet path of the scale plan in docs/scale.md, on this machine's CPU.
 
 Covers: every shard holds exactly its turns x K rollouts with no duplicate sample key, all keyed by the server's
 policy fingerprint; the turns are profiled (K samples each, every sample scored); one Ray job per shard, each

@@ -119,7 +119,7 @@ def test_failed_write_keeps_the_last_good_object(tmp_path, s3_env):
 
 
 def test_the_duckdb_shell_reads_the_views_with_httpfs_and_a_secret_from_the_env(tmp_path, s3_env):
-    """The recipe in the README: the `duckdb` shell (duckdb-cli, same version) on the state dir's pivot.duckdb."""
+    """The recipe in docs/scale.md: the `duckdb` shell (duckdb-cli, same version) on the state dir's pivot.duckdb."""
     from pivot_assets.core.warehouse import httpfs_extension_path
 
     wh = s3_warehouse(tmp_path, s3_env)

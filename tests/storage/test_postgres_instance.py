@@ -18,7 +18,7 @@ from pivot_assets.ingest.inputs import resolved_inputs, write_ingest, write_turn
 
 VENV_BIN = Path(sys.executable).parent
 
-# The dagster.yaml the README documents (the URL comes from the environment, so no password sits in the file).
+# The dagster.yaml docs/scale.md documents (the URL comes from the environment, so no password sits in the file).
 DAGSTER_YAML = """\
 storage:
   postgres:

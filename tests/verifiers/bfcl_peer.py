@@ -57,7 +57,7 @@ class _Omitted:
 
 OMITTED = _Omitted()  # the changed argument was left out
 
-# The documented policy differences between tool_call and BFCL's checker (README "Verifiers").
+# The documented policy differences between tool_call and BFCL's checker (docs/verifiers.md).
 POLICIES = {
     "integer written as 3.0": "JSON Schema counts 3.0 as an integer (JSON has one number type); BFCL wants an int",
     "case or punctuation under strings: exact": "strings: exact keeps case and punctuation; BFCL drops them",

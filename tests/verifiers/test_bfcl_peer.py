@@ -1,6 +1,6 @@
 """`tool_call` against BFCL's own AST checker on cases built from BFCL's single-turn data (see bfcl_peer.py).
 
-Asserted: no disagreement outside the documented policy differences (bfcl_peer.POLICIES, README "Verifiers"),
+Asserted: no disagreement outside the documented policy differences (bfcl_peer.POLICIES, docs/verifiers.md),
 under `strings: exact` (the default) and `strings: bfcl`, both with the possible answers as `acceptable`; and
 at least 99% agreement under `strings: bfcl` where both judge by the same rule (every case but a float written
 for an integer parameter, which JSON Schema counts as an integer). The table by kind of change is in
