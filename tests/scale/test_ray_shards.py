@@ -197,7 +197,7 @@ def test_kill_9_of_pivot_run_leaves_no_process_and_a_rerun_completes(tmp_path, r
     assert still_alive(children, within_s=2 * ORPHAN_GRACE_S + 4) == []
     print(f"kill -9 of `pivot run` with {written} rows written: its {len(children)} descendants gone in "
           f"{time.perf_counter() - t0:.1f} s")
-    deadline = time.time() + 10
+    deadline = time.time() + 30  # Ray marks a stopped job terminal once its supervisor reaped the driver: slow under load
     while _unfinished_jobs(ray_head.dashboard, str(wh.root)) and time.time() < deadline:
         time.sleep(0.5)
     assert _unfinished_jobs(ray_head.dashboard, str(wh.root)) == []  # the shard runs stopped their Ray jobs
