@@ -193,6 +193,16 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_config(args) -> int:
+    from pivot_assets.core.config_reference import config_schema, reference_markdown
+
+    if args.schema:
+        print(json.dumps(config_schema(), indent=2))
+    else:
+        print(reference_markdown(), end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pivot", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="verb", required=True)
@@ -229,6 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--set", choices=["adv", "mixed", "cand"], default="adv")
     sp.add_argument("--format", choices=["hf", "nemo-gym"], default="hf")
     sp.add_argument("--out", required=True)
+    sp = sub.add_parser("config", help="print pivot.yaml's JSON Schema (--schema) or its Markdown reference (--reference)")
+    sp.set_defaults(fn=cmd_config)
+    which = sp.add_mutually_exclusive_group(required=True)
+    which.add_argument("--schema", action="store_true", help="the JSON Schema (for editors: yaml-language-server)")
+    which.add_argument("--reference", action="store_true", help="the Markdown reference (docs/configuration.md)")
     return p
 
 
