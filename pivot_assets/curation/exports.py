@@ -137,7 +137,7 @@ def _rewards_sql(rewards_path: str, pivot_columns: set[str]) -> str:
     """A correlated subquery: the pivot's per-sample rewards in sample order, those of its profile's key below its
     k (what turn_profiles averaged: profiling/profiler.profiles_sql; a larger budget's samples share the key)."""
     key = [c for c in ("turn_id", "policy_fp", "sampling_fp", "verifier_fp") if c in pivot_columns]
-    on = " AND ".join(f"r.{c} = p.{c}" for c in key)
+    on = " AND ".join(f"r.{c} IS NOT DISTINCT FROM p.{c}" for c in key)  # as the turn_profiles contract joins
     return (f"(SELECT list(r.reward ORDER BY r.sample_index) FROM read_parquet('{rewards_path}') r "
             f"WHERE {on} AND r.sample_index < p.k)")
 
@@ -145,9 +145,9 @@ def _rewards_sql(rewards_path: str, pivot_columns: set[str]) -> str:
 def pivot_rewards(pivots: pl.DataFrame, rewards: pl.DataFrame) -> pl.DataFrame:
     """The pivots with `rewards` (as stream_pivot_states adds it), for the in-memory exports."""
     key = [c for c in ("turn_id", "policy_fp", "sampling_fp", "verifier_fp") if c in pivots.columns]
-    lists = (pivots.select(*key, "k").join(rewards, on=key).filter(pl.col("sample_index") < pl.col("k"))
+    lists = (pivots.select(*key, "k").join(rewards, on=key, nulls_equal=True).filter(pl.col("sample_index") < pl.col("k"))
              .sort("sample_index").group_by(key, maintain_order=True).agg(pl.col("reward").alias("rewards")))
-    return pivots.join(lists, on=key, how="left", maintain_order="left")
+    return pivots.join(lists, on=key, how="left", nulls_equal=True, maintain_order="left")
 
 
 def _checked_pivot(row: dict) -> tuple[dict, list[dict], list[dict]]:
