@@ -188,8 +188,20 @@ def cmd_export(args) -> int:
     from pivot_assets.core.warehouse import Warehouse
     from pivot_assets.curation.tables import export_set
 
-    path = export_set(Warehouse(_config(args).warehouse_dir), args.set, args.format, Path(args.out))
+    if args.profile_key is not None and args.format != "nemo-gym":
+        raise ValueError("--profile-key names the nemo-gym rows' profile object: it goes with --format nemo-gym")
+    path = export_set(Warehouse(_config(args).warehouse_dir), args.set, args.format, Path(args.out), args.profile_key)
     print(path)
+    return 0
+
+
+def cmd_config(args) -> int:
+    from pivot_assets.core.config_reference import config_schema, reference_markdown
+
+    if args.schema:
+        print(json.dumps(config_schema(), indent=2))
+    else:
+        print(reference_markdown(), end="")
     return 0
 
 
@@ -229,6 +241,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--set", choices=["adv", "mixed", "cand"], default="adv")
     sp.add_argument("--format", choices=["hf", "nemo-gym"], default="hf")
     sp.add_argument("--out", required=True)
+    sp.add_argument("--profile-key", default=None,
+                    help="nemo-gym: the name of each row's profile object {rewards, reward_mean, reward_std, "
+                         "reward_var} (default qwen_235b_info, the key NeMo-RL's pivot data script filters on)")
+    sp = sub.add_parser("config", help="print pivot.yaml's JSON Schema (--schema) or its Markdown reference (--reference)")
+    sp.set_defaults(fn=cmd_config)
+    which = sp.add_mutually_exclusive_group(required=True)
+    which.add_argument("--schema", action="store_true", help="the JSON Schema (for editors: yaml-language-server)")
+    which.add_argument("--reference", action="store_true", help="the Markdown reference (docs/configuration.md)")
     return p
 
 

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, get_args
 import yaml
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_serializer,
                       model_validator)
+from pydantic.json_schema import SkipJsonSchema
 
 from pivot_assets.core.engines import AUTO, EngineChoice, choose_engine
 from pivot_assets.core.identity import EVALUATION, PIVOTS, ROLLOUTS, SAMPLING, SFT, TRAINING, In
@@ -51,8 +52,10 @@ class VerifierSection(_Strict):
     training.reward_verifier and ablation.exact_verifier; the specs are built and checked, as config errors, where
     the verifier sets are resolved (verifiers/sets.py: core does not import the verifiers)."""
 
-    default: VerifierSpec = Field(default_factory=lambda: {"name": "tool_call"})
-    domains: dict[str, VerifierSpec] = Field(default_factory=dict)
+    default: VerifierSpec = Field(default_factory=lambda: {"name": "tool_call"}, description=(
+        "The verifier of every domain not listed in `domains`: a verifier name, or {name: ..., **its parameters}."))
+    domains: dict[str, VerifierSpec] = Field(default_factory=dict, description=(
+        "Per-domain verifiers: domain name -> verifier name or {name: ..., **its parameters}."))
 
     @field_validator("default", mode="before")
     @classmethod
@@ -78,47 +81,65 @@ class VerifierSection(_Strict):
 
 
 class InputSpec(_Strict):
-    path: str
-    format: InputFormat = "auto"
-    domain: str | None = None
-    # A JSON file of OpenAI tool schemas given to every record of this input that carries none (ingest/inputs.py)
-    tools: str | None = None
-    # BFCL possible answers: a file, or a folder of them named like the data files; null: possible_answer/<the
-    # data file's name> beside each data file (ingest/bfcl_records.py)
-    answers: str | None = None
+    """One input: a file, directory or glob of SFT trajectories in one format."""
+
+    path: str = Field(description="A file, directory or glob of trajectories (relative to the config file).")
+    format: InputFormat = Field("auto", description=(
+        "The input format; auto: detected from the records (ingest/formats.py describes each)."))
+    domain: str | None = Field(None, description=(
+        "The domain given to every record of this input; null: the record's own, else `default`."))
+    tools: str | None = Field(None, description=(
+        "A JSON file of OpenAI tool schemas given to every record of this input that carries none "
+        "(ingest/inputs.py)."))
+    answers: str | None = Field(None, description=(
+        "BFCL possible answers: a file, or a folder of them named like the data files; null: "
+        "possible_answer/<the data file's name> beside each data file (ingest/bfcl_records.py)."))
 
 
 class PolicySection(_Strict):
-    # transformers | vllm | openai | auto: vLLM where it is installed (make setup-vllm), else transformers; a
-    # base_url: openai (core/engines.py). Resolved when read: the rollouts' identity records the engine that ran
-    backend: Annotated[Literal["transformers", "vllm", "openai", "auto"], In(ROLLOUTS)] = "transformers"
-    model: Annotated[str, In(ROLLOUTS)] = "embedded"
-    base_url: Annotated[str | None, In(ROLLOUTS)] = None
-    api_key_env: str | None = None
-    k: Annotated[int, In(ROLLOUTS, SAMPLING)] = Field(8, ge=1)
-    temperature: Annotated[float, In(ROLLOUTS, SAMPLING)] = Field(1.0, ge=0.0)
-    top_p: Annotated[float, In(ROLLOUTS, SAMPLING)] = Field(1.0, gt=0.0, le=1.0)
-    max_new_tokens: Annotated[int, In(ROLLOUTS, SAMPLING)] = Field(256, ge=1)
-    seed: Annotated[int, In(ROLLOUTS, SAMPLING)] = 0
-    limit_turns: Annotated[int | None, In(ROLLOUTS)] = Field(None, ge=1)
-    # turns whose rendered prompt has more tokens are not profiled (listed in skipped_turns); null: the model's
-    # context minus max_new_tokens (profiling/prompt_guard.py)
-    max_prompt_tokens: Annotated[int | None, In(ROLLOUTS)] = Field(None, ge=1)
-    dtype: Dtype = "auto"  # auto: bf16 only where the device runs it natively (core/hardware.py)
-    device: Annotated[str, In(ROLLOUTS)] = "cpu"  # cpu | cuda | cuda:N (transformers backend; vllm: cpu or cuda)
-    batch_size: int = Field(64, ge=1)  # decode rows (turns x K) per engine call, and per rollouts part
-    # vllm backend: extra vllm.LLM arguments (enforce_eager, max_model_len, kv_cache_memory_bytes, block_size, ...);
-    # speed and memory knobs, so not part of the policy identity
-    engine_args: dict[str, Any] = Field(default_factory=dict)
-    concurrency: int = Field(8, ge=1)
-    # auto (the model's own template when it renders tools; the embedded Hermes one for the embedded model or a
-    # model whose template drops tools) | embedded | model | PATH of a Jinja file (policies/models.py)
-    chat_template: Annotated[str, In(ROLLOUTS)] = "auto"
-    # keep: the thought stays in the completion (the verifier skips it) | strip: a closed thought is cut before
-    # storing | off: the template's enable_thinking=False switch (policies/thinking.py)
-    thinking: Annotated[Literal["keep", "strip", "off"], In(ROLLOUTS)] = "keep"
-    # tokens of thought before </think> is forced (transformers)
-    thinking_budget: Annotated[int | None, In(ROLLOUTS)] = Field(None, ge=1)
+    """The reference policy that profiles every turn: K samples per turn, each scored by the verifier."""
+
+    backend: Annotated[Literal["transformers", "vllm", "openai", "auto"], In(ROLLOUTS)] = Field(
+        "transformers", description=(
+            "transformers | vllm | openai | auto: vLLM where it is installed (make setup-vllm), else transformers; "
+            "with a base_url: openai (core/engines.py). Resolved when read: the rollouts' identity records the "
+            "engine that ran."))
+    model: Annotated[str, In(ROLLOUTS)] = Field("embedded", description=(
+        "A Hugging Face model id or local dir, the served model's name (openai), or `embedded` (the tiny "
+        "built-in model)."))
+    base_url: Annotated[str | None, In(ROLLOUTS)] = Field(None, description=(
+        "An OpenAI-compatible server's URL (backend openai); null: the model runs in this process."))
+    api_key_env: str | None = Field(None, description=(
+        "The environment variable holding the server's API key (backend openai); null: OPENAI_API_KEY."))
+    k: Annotated[int, In(ROLLOUTS, SAMPLING)] = Field(8, ge=1, description=(
+        "Samples drawn per turn (the paper's K); the most per turn with adaptive profiling."))
+    temperature: Annotated[float, In(ROLLOUTS, SAMPLING)] = Field(1.0, ge=0.0, description="Sampling temperature.")
+    top_p: Annotated[float, In(ROLLOUTS, SAMPLING)] = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling p.")
+    max_new_tokens: Annotated[int, In(ROLLOUTS, SAMPLING)] = Field(256, ge=1, description=(
+        "Tokens generated per sample at most."))
+    seed: Annotated[int, In(ROLLOUTS, SAMPLING)] = Field(0, description="Seed of the sampling draws.")
+    limit_turns: Annotated[int | None, In(ROLLOUTS)] = Field(None, ge=1, description=(
+        "Profile only the first N turns by turn_id (a stable, content-derived order), e.g. for a quick run; null: all."))
+    max_prompt_tokens: Annotated[int | None, In(ROLLOUTS)] = Field(None, ge=1, description=(
+        "Turns whose rendered prompt has more tokens are not profiled (listed in skipped_turns); null: the "
+        "model's context minus max_new_tokens (profiling/prompt_guard.py)."))
+    dtype: Dtype = Field("auto", description=(
+        "Weights' precision; auto: bf16 only where the device runs it natively (core/hardware.py)."))
+    device: Annotated[str, In(ROLLOUTS)] = Field("cpu", description=(
+        "cpu | cuda | cuda:N (transformers backend; vllm: cpu or cuda)."))
+    batch_size: int = Field(64, ge=1, description="Decode rows (turns x K) per engine call, and per rollouts part.")
+    engine_args: dict[str, Any] = Field(default_factory=dict, description=(
+        "vllm backend: extra vllm.LLM arguments (enforce_eager, max_model_len, kv_cache_memory_bytes, "
+        "block_size, ...); speed and memory knobs, so not part of the policy identity."))
+    concurrency: int = Field(8, ge=1, description="Requests in flight at once (backend openai).")
+    chat_template: Annotated[str, In(ROLLOUTS)] = Field("auto", description=(
+        "auto (the model's own template when it renders tools; the embedded Hermes one for the embedded model or "
+        "a model whose template drops tools) | embedded | model | PATH of a Jinja file (policies/models.py)."))
+    thinking: Annotated[Literal["keep", "strip", "off"], In(ROLLOUTS)] = Field("keep", description=(
+        "keep: the thought stays in the completion (the verifier skips it) | strip: a closed thought is cut "
+        "before storing | off: the template's enable_thinking=False switch (policies/thinking.py)."))
+    thinking_budget: Annotated[int | None, In(ROLLOUTS)] = Field(None, ge=1, description=(
+        "Tokens of thought before </think> is forced (transformers); null: no budget."))
     _engine_reason: str = PrivateAttr("named by policy.backend")
 
     @model_validator(mode="wrap")
@@ -144,24 +165,29 @@ class AdaptiveSection(_Strict):
     """Adaptive profiling (profiling/adaptive.py, README "Adaptive profiling"): sample each turn in rounds of
     `round_size` up to policy.k, and stop once its membership in `sets` is settled."""
 
-    enabled: bool = False
-    # exact: stop only when no completion of the remaining samples can change the membership (never wrong);
-    # posterior: also stop when a Beta posterior says it changes with probability < epsilon
-    rule: Literal["exact", "posterior"] = "posterior"
-    round_size: int = Field(2, ge=1)
-    sets: list[Literal["mixed", "adv"]] = Field(default_factory=lambda: ["mixed", "adv"], min_length=1)
-    epsilon: float = Field(0.05, gt=0.0, lt=1.0)
-    # The posterior's Beta prior, fitted on every turn's first round (empirical Bayes): pooled (one Beta for all
-    # turns) | likelihood (its mean follows the expert action's log-likelihood under the reference policy)
-    prior: Literal["pooled", "likelihood"] = "likelihood"
+    enabled: bool = Field(False, description="Sample in rounds and stop early; off: every turn gets policy.k samples.")
+    rule: Literal["exact", "posterior"] = Field("posterior", description=(
+        "exact: stop only when no completion of the remaining samples can change the membership (never wrong); "
+        "posterior: also stop when a Beta posterior says it changes with probability < epsilon."))
+    round_size: int = Field(2, ge=1, description="Samples drawn per turn in each round.")
+    sets: list[Literal["mixed", "adv"]] = Field(default_factory=lambda: ["mixed", "adv"], min_length=1, description=(
+        "The pivot sets whose membership must be settled before a turn stops."))
+    epsilon: float = Field(0.05, gt=0.0, lt=1.0, description=(
+        "posterior rule: stop when the membership changes with probability below this."))
+    prior: Literal["pooled", "likelihood"] = Field("likelihood", description=(
+        "The posterior's Beta prior, fitted on every turn's first round (empirical Bayes): pooled (one Beta for "
+        "all turns) | likelihood (its mean follows the expert action's log-likelihood under the reference "
+        "policy)."))
 
 
 class ProfilingSection(_Strict):
-    # per_sample: sample i of a turn is drawn under its own seed (sample_seed(policy.seed, i), then by turn), so it
-    # is the same draw whatever k, the engine or adaptive stopping; per_turn: one generator for a turn's K samples
-    # (the local engine's seeding before adaptive profiling; keeps a warehouse profiled so cached)
-    seeding: Literal["per_sample", "per_turn"] = "per_sample"
-    adaptive: AdaptiveSection = Field(default_factory=AdaptiveSection)
+    """How turns are sampled when profiled."""
+
+    seeding: Literal["per_sample", "per_turn"] = Field("per_sample", description=(
+        "per_sample: sample i of a turn is drawn under its own seed (sample_seed(policy.seed, i), then by turn), "
+        "so it is the same draw whatever k, the engine or adaptive stopping; per_turn: one generator for a turn's "
+        "K samples (the local engine's seeding before adaptive profiling; keeps a warehouse profiled so cached)."))
+    adaptive: AdaptiveSection = Field(default_factory=AdaptiveSection, description="Adaptive profiling (off by default).")
 
     @model_validator(mode="after")
     def _adaptive_needs_per_sample_seeds(self):
@@ -172,46 +198,64 @@ class ProfilingSection(_Strict):
 
 
 class PivotsSection(_Strict):
-    lambda_diff: Annotated[float, In(PIVOTS)] = Field(LAMBDA_DIFF, ge=0.0, le=1.0)
-    max_per_trajectory: Annotated[int | None, In(PIVOTS)] = Field(None, ge=1)
-    cand_size: Annotated[int | None, In(PIVOTS)] = Field(None, ge=0)
-    seed: Annotated[int, In(PIVOTS)] = 0
-    min_k: Annotated[int | None, In(PIVOTS)] = Field(None, ge=1)
-    domain_quotas: Annotated[dict[str, Annotated[int, Field(ge=0)]] | None, In(PIVOTS)] = None
-    # Only turns whose expert action is of these kinds become candidates (e.g. [tool_call, tool_call_batch]
-    # keeps replies out of the pivot sets when no judge can check them); null: every kind.
-    action_kinds: Annotated[list[Literal["tool_call", "message", "tool_call_batch"]] | None, In(PIVOTS)] = None
+    """Pivot selection: which profiled turns become the pivot sets (mixed, adv, cand)."""
+
+    lambda_diff: Annotated[float, In(PIVOTS)] = Field(LAMBDA_DIFF, ge=0.0, le=1.0, description=(
+        "The adv set keeps mixed turns whose reward mean is at most this (the paper's lambda_diff)."))
+    max_per_trajectory: Annotated[int | None, In(PIVOTS)] = Field(None, ge=1, description=(
+        "At most this many pivots per trajectory; null: no cap."))
+    cand_size: Annotated[int | None, In(PIVOTS)] = Field(None, ge=0, description=(
+        "Size of the random candidate set D_cand (the no-filter ablation); null: the size of the adv set."))
+    seed: Annotated[int, In(PIVOTS)] = Field(0, description="Seed of the random candidate draw (D_cand).")
+    min_k: Annotated[int | None, In(PIVOTS)] = Field(None, ge=1, description=(
+        "Candidates need k >= min_k samples, unless adaptive profiling stopped them early as settled; null: any K."))
+    domain_quotas: Annotated[dict[str, Annotated[int, Field(ge=0)]] | None, In(PIVOTS)] = Field(None, description=(
+        "Most pivots per domain: domain name -> count; null: no quotas."))
+    action_kinds: Annotated[list[Literal["tool_call", "message", "tool_call_batch"]] | None, In(PIVOTS)] = Field(
+        None, description=(
+            "Only turns whose expert action is of these kinds become candidates (e.g. [tool_call, "
+            "tool_call_batch] keeps replies out of the pivot sets when no judge can check them); null: every "
+            "kind."))
 
 
 class TrainingSection(_Strict):
-    set: Annotated[Literal["adv", "mixed", "cand"], In(TRAINING)] = "adv"
-    init: Annotated[Literal["sft", "reference"], In(TRAINING)] = "sft"
-    steps: Annotated[int, In(TRAINING)] = Field(50, ge=1)
-    num_generations: Annotated[int, In(TRAINING)] = Field(8, ge=2)
-    learning_rate: Annotated[float, In(TRAINING)] = Field(1.0e-6, gt=0)
-    max_completion_length: Annotated[int, In(TRAINING, EVALUATION)] = Field(256, ge=1)
-    eval_fraction: Annotated[float, In(TRAINING, EVALUATION)] = Field(0.1, ge=0.0, lt=1.0)
-    # Conversations only the SFT warm-up trains on; profiling skips them, so the reference never profiles what
-    # it was trained on (the three-way split, core/split.py). 0: warm-up / pool are one side (the two-way split).
-    warmup_fraction: Annotated[float, In(TRAINING)] = Field(0.0, ge=0.0, lt=1.0)
-    eval_k: Annotated[int, In(EVALUATION)] = Field(4, ge=1)
-    seed: Annotated[int, In(TRAINING, EVALUATION)] = 0
-    dtype: Annotated[Dtype, In(TRAINING)] = "auto"  # GRPO training precision; auto: bf16 autocast only where native
-    grpo: Annotated[dict[str, Any], In(TRAINING)] = Field(default_factory=dict)
-    # GRPO's reward verifier (the shape of the top-level `verifier:` section); null: the profiling verifier.
-    reward_verifier: Annotated[VerifierSection | None, In(TRAINING)] = None
+    """GRPO on a pivot set (TRL), and the evaluation of the trained policies."""
+
+    set: Annotated[Literal["adv", "mixed", "cand"], In(TRAINING)] = Field("adv", description=(
+        "The pivot set GRPO trains on."))
+    init: Annotated[Literal["sft", "reference"], In(TRAINING)] = Field("sft", description=(
+        "The policy GRPO starts from: the SFT warm-up's model, or the reference policy itself."))
+    steps: Annotated[int, In(TRAINING)] = Field(50, ge=1, description="GRPO optimizer steps.")
+    num_generations: Annotated[int, In(TRAINING)] = Field(8, ge=2, description="Completions per prompt (GRPO's group).")
+    learning_rate: Annotated[float, In(TRAINING)] = Field(1.0e-6, gt=0, description="GRPO learning rate.")
+    max_completion_length: Annotated[int, In(TRAINING, EVALUATION)] = Field(256, ge=1, description=(
+        "Tokens per completion at most, in training and evaluation."))
+    eval_fraction: Annotated[float, In(TRAINING, EVALUATION)] = Field(0.1, ge=0.0, lt=1.0, description=(
+        "Fraction of conversations held out for evaluation (core/split.py)."))
+    warmup_fraction: Annotated[float, In(TRAINING)] = Field(0.0, ge=0.0, lt=1.0, description=(
+        "Conversations only the SFT warm-up trains on; profiling skips them, so the reference never profiles "
+        "what it was trained on (the three-way split, core/split.py). 0: warm-up / pool are one side (the "
+        "two-way split)."))
+    eval_k: Annotated[int, In(EVALUATION)] = Field(4, ge=1, description="Samples per held-out turn in evaluation.")
+    seed: Annotated[int, In(TRAINING, EVALUATION)] = Field(0, description="Seed of GRPO training and of the held-out split.")
+    dtype: Annotated[Dtype, In(TRAINING)] = Field("auto", description=(
+        "GRPO training precision; auto: bf16 autocast only where native."))
+    grpo: Annotated[dict[str, Any], In(TRAINING)] = Field(default_factory=dict, description=(
+        "Extra trl.GRPOConfig arguments (e.g. beta, loss_type)."))
+    reward_verifier: Annotated[VerifierSection | None, In(TRAINING)] = Field(None, description=(
+        "GRPO's reward verifier (the shape of the top-level `verifier:` section); null: the profiling verifier."))
     # -- evaluation only (never retrains: EVALUATION, not TRAINING; core/identity.py) --
-    # Evaluation draws are seeded per turn by seeded_int("pivot-eval", eval_seed) (training/runs.eval_seed),
-    # a stream apart from profiling's policy.seed, and the same for every policy evaluated.
-    eval_seed: Annotated[int, In(EVALUATION)] = 0
-    # cap on held-out profiled turns evaluated (seeded hash order)
-    eval_max_turns: Annotated[int | None, In(EVALUATION)] = Field(None, ge=1)
-    # bootstrap resamples (over turns / probe items) for the 95% intervals
-    bootstrap: Annotated[int, In(EVALUATION)] = Field(1000, ge=100)
-    # JSONL file or HF dataset dir of {prompt, answer, kind}; null: the built-in probe
-    ood_probe: Annotated[str | None, In(EVALUATION)] = None
-    # evaluate the first N probe items (seeded order); null: all
-    ood_max_items: Annotated[int | None, In(EVALUATION)] = Field(None, ge=1)
+    eval_seed: Annotated[int, In(EVALUATION)] = Field(0, description=(
+        "Evaluation draws are seeded per turn by seeded_int(\"pivot-eval\", eval_seed) (training/runs.eval_seed), "
+        "a stream apart from profiling's policy.seed, and the same for every policy evaluated."))
+    eval_max_turns: Annotated[int | None, In(EVALUATION)] = Field(None, ge=1, description=(
+        "Cap on held-out profiled turns evaluated (seeded hash order); null: all."))
+    bootstrap: Annotated[int, In(EVALUATION)] = Field(1000, ge=100, description=(
+        "Bootstrap resamples (over turns / probe items) for the 95% intervals."))
+    ood_probe: Annotated[str | None, In(EVALUATION)] = Field(None, description=(
+        "JSONL file or HF dataset dir of {prompt, answer, kind}; null: the built-in probe."))
+    ood_max_items: Annotated[int | None, In(EVALUATION)] = Field(None, ge=1, description=(
+        "Evaluate the first N probe items (seeded order); null: all."))
 
     @model_validator(mode="after")
     def _split_leaves_a_pool(self):
@@ -232,14 +276,17 @@ class AblationSection(_Strict):
     own training pool, once per seed; the headline is the `primary` evaluation set, named before the run."""
 
     arms: list[Literal["grpo_adv", "grpo_cand", "grpo_mixed", "grpo_adv_exact", "sft_same_data"]] = Field(
-        default_factory=lambda: list(ARMS))
-    # Each arm is trained once per seed; a seed redraws D_cand, the trainer's sampling and the evaluation draws.
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
-    # Passes over an arm's pool (its pivot set in the training pool): steps = ceil(epochs x steps per pass).
-    epochs: float = Field(1.0, ge=1.0)
-    primary: EVAL_SET_NAMES = "profiled"  # the evaluation set the headline (ablation_table) reads
-    exact_verifier: VerifierSection = Field(default_factory=lambda: VerifierSection(default={"name": "exact"}))
-    sft_learning_rate: float | None = Field(None, gt=0)  # the same-data SFT arm; null: sft.learning_rate
+        default_factory=lambda: list(ARMS), description="The arms trained and evaluated.")
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description=(
+        "Each arm is trained once per seed; a seed redraws D_cand, the trainer's sampling and the evaluation "
+        "draws."))
+    epochs: float = Field(1.0, ge=1.0, description=(
+        "Passes over an arm's pool (its pivot set in the training pool): steps = ceil(epochs x steps per pass)."))
+    primary: EVAL_SET_NAMES = Field("profiled", description="The evaluation set the headline (ablation_table) reads.")
+    exact_verifier: VerifierSection = Field(default_factory=lambda: VerifierSection(default={"name": "exact"}),
+                                            description="The grpo_adv_exact arm's reward verifier.")
+    sft_learning_rate: float | None = Field(None, gt=0, description=(
+        "The same-data SFT arm's learning rate; null: sft.learning_rate."))
 
     @model_validator(mode="before")
     @classmethod
@@ -258,16 +305,19 @@ class AblationSection(_Strict):
 
 
 class SFTSection(_Strict):
-    steps: Annotated[int, In(SFT)] = Field(12, ge=1)
-    learning_rate: Annotated[float, In(SFT)] = Field(1.0e-4, gt=0)
-    batch_size: Annotated[int, In(SFT)] = Field(2, ge=1)
-    max_length: Annotated[int, In(SFT)] = Field(1024, ge=16)
-    dtype: Annotated[Dtype, In(SFT)] = "auto"  # bf16 autocast only where native (core/hardware.py)
-    seed: Annotated[int, In(SFT)] = 0
-    # What one example is: `trajectory` (the whole conversation, its start kept), `turn` (one turn's state, cut
-    # from the left to fit, + its expert action), or `auto` (the whole trajectory when it fits in max_length,
-    # else one example per turn).
-    examples: Annotated[Literal["auto", "trajectory", "turn"], In(SFT)] = "auto"
+    """The SFT warm-up on the expert trajectories (the policy GRPO starts from with training.init: sft)."""
+
+    steps: Annotated[int, In(SFT)] = Field(12, ge=1, description="SFT optimizer steps.")
+    learning_rate: Annotated[float, In(SFT)] = Field(1.0e-4, gt=0, description="SFT learning rate.")
+    batch_size: Annotated[int, In(SFT)] = Field(2, ge=1, description="Examples per SFT step.")
+    max_length: Annotated[int, In(SFT)] = Field(1024, ge=16, description="Tokens per example at most.")
+    dtype: Annotated[Dtype, In(SFT)] = Field("auto", description=(
+        "SFT precision; auto: bf16 autocast only where native (core/hardware.py)."))
+    seed: Annotated[int, In(SFT)] = Field(0, description="Seed of the example order.")
+    examples: Annotated[Literal["auto", "trajectory", "turn"], In(SFT)] = Field("auto", description=(
+        "What one example is: `trajectory` (the whole conversation, its start kept), `turn` (one turn's state, "
+        "cut from the left to fit, + its expert action), or `auto` (the whole trajectory when it fits in "
+        "max_length, else one example per turn)."))
 
 
 class RefreshSection(_Strict):
@@ -291,12 +341,13 @@ class RefreshSection(_Strict):
 
 
 class RuntimeSection(_Strict):
-    """How processes run torch: intra-op threads (auto = half the usable cores, bench/RESULTS_threads.md), and
-    how many independent model jobs (ablation arms, policies to evaluate) run at once in worker processes
-    (auto = usable cores // threads, fewer when memory is short: core/parallel.py)."""
+    """How processes run torch: intra-op threads, and how many independent model jobs (ablation arms, policies
+    to evaluate) run at once in worker processes (core/parallel.py)."""
 
-    threads: int | Literal["auto"] = "auto"
-    workers: int | Literal["auto"] = "auto"
+    threads: int | Literal["auto"] = Field("auto", description=(
+        "torch intra-op threads per process; auto: half the usable cores (bench/RESULTS_threads.md)."))
+    workers: int | Literal["auto"] = Field("auto", description=(
+        "Independent model jobs run at once; auto: usable cores // threads, fewer when memory is short."))
 
     @field_validator("threads", "workers")
     @classmethod
@@ -313,43 +364,56 @@ class ScaleSection(_Strict):
     data-version dependencies across 100 or more upstream partitions.
     """
 
-    shards: int = Field(1, ge=1, le=99)
-    engine: Literal["local", "ray"] = "local"
-    # The Ray job server (the head's dashboard), e.g. http://head:8265; null: $RAY_ADDRESS (which Ray's job
-    # client also lets override this key).
-    ray_address: str | None = None
-    ray_runtime_env: dict[str, Any] | None = None  # the shard job's runtime_env (pip / py_modules / env_vars)
-    ray_actors: int = Field(1, ge=1)  # generation actors (one model each) per shard job
-    ray_actor_cpus: float = Field(1.0, gt=0)
-    ray_actor_gpus: float = Field(0.0, ge=0)  # 1 on a GPU fleet (vLLM / transformers on cuda)
-    ray_batch_rows: int = Field(64, ge=1)  # (turn, sample) rows per Ray Data batch = per written part
-    # Shard runs `pivot run` keeps in flight at once with engine ray (engine local runs them one by one).
-    max_shard_runs: int = Field(4, ge=1)
+    shards: int = Field(1, ge=1, le=99, description="Partitions of the profiling tables (1: unpartitioned).")
+    engine: Literal["local", "ray"] = Field("local", description=(
+        "local: shards run in this machine's processes; ray: each shard is a Ray job."))
+    ray_address: str | None = Field(None, description=(
+        "The Ray job server (the head's dashboard), e.g. http://head:8265; null: $RAY_ADDRESS (which Ray's job "
+        "client also lets override this key)."))
+    ray_runtime_env: dict[str, Any] | None = Field(None, description=(
+        "The shard job's runtime_env (pip / py_modules / env_vars)."))
+    ray_actors: int = Field(1, ge=1, description="Generation actors (one model each) per shard job.")
+    ray_actor_cpus: float = Field(1.0, gt=0, description="CPUs per generation actor.")
+    ray_actor_gpus: float = Field(0.0, ge=0, description="GPUs per generation actor (1 on a GPU fleet: vLLM / "
+                                                         "transformers on cuda).")
+    ray_batch_rows: int = Field(64, ge=1, description="(turn, sample) rows per Ray Data batch = per written part.")
+    max_shard_runs: int = Field(4, ge=1, description=(
+        "Shard runs `pivot run` keeps in flight at once with engine ray (engine local runs them one by one)."))
 
 
 class SampleSection(_Strict):
     """The embedded synthetic sample used when `inputs` is omitted."""
 
-    n_trajectories: int = Field(60, ge=1)
-    seed: int = 0
+    n_trajectories: int = Field(60, ge=1, description="Synthetic trajectories generated.")
+    seed: int = Field(0, description="Seed of the synthetic sample.")
 
 
 class PivotConfig(_Strict):
-    warehouse: str = "./warehouse"
-    inputs: list[InputSpec] | None = None
-    sample: SampleSection = Field(default_factory=SampleSection)
-    policy: PolicySection = Field(default_factory=PolicySection)
-    verifier: VerifierSection = Field(default_factory=VerifierSection)
-    pivots: PivotsSection = Field(default_factory=PivotsSection)
-    training: TrainingSection = Field(default_factory=TrainingSection)
-    sft: SFTSection = Field(default_factory=SFTSection)
-    runtime: RuntimeSection = Field(default_factory=RuntimeSection)
-    scale: ScaleSection = Field(default_factory=ScaleSection)
-    profiling: ProfilingSection = Field(default_factory=ProfilingSection)
+    """pivot.yaml: where the warehouse is, what to ingest, and every stage's settings."""
+
+    warehouse: str = Field("./warehouse", description=(
+        "The warehouse: a local dir, or s3://bucket/prefix on any S3-compatible store (endpoint and credentials "
+        "from the env)."))
+    inputs: list[InputSpec] | None = Field(None, description=(
+        "The SFT trajectories to ingest; null: the embedded synthetic sample (`sample:`)."))
+    sample: SampleSection = Field(default_factory=SampleSection, description="The synthetic sample (no `inputs`).")
+    policy: PolicySection = Field(default_factory=PolicySection, description="The reference policy that profiles.")
+    verifier: VerifierSection = Field(default_factory=VerifierSection, description=(
+        "The verifier that scores each profiled sample against the expert action."))
+    pivots: PivotsSection = Field(default_factory=PivotsSection, description="Pivot selection.")
+    training: TrainingSection = Field(default_factory=TrainingSection, description="GRPO training and evaluation.")
+    sft: SFTSection = Field(default_factory=SFTSection, description="The SFT warm-up.")
+    runtime: RuntimeSection = Field(default_factory=RuntimeSection, description="torch threads and worker processes.")
+    scale: ScaleSection = Field(default_factory=ScaleSection, description="Sharding and Ray.")
+    profiling: ProfilingSection = Field(default_factory=ProfilingSection, description="Sampling seeds and adaptive "
+                                                                                      "profiling.")
     refresh: RefreshSection = Field(default_factory=RefreshSection, description="Refresh rounds (off by default).")
-    ablation: AblationSection | None = None  # present: the ablation_results asset and `ablation_job` run it
-    # Directory the relative paths above are resolved against (the config file's folder).
-    base_dir: str = "."
+    ablation: AblationSection | None = Field(None, description=(
+        "The paper's ablation; present: the ablation_results asset and `ablation_job` run it."))
+    # Not a pivot.yaml key (load_config rejects it), so not in the schema editors complete from
+    base_dir: Annotated[str, SkipJsonSchema()] = Field(".", description=(
+        "Directory the relative paths are resolved against (the config file's folder; set by the loader, not "
+        "in pivot.yaml)."))
     _source: str = PrivateAttr("built-in defaults")  # what config errors found after loading name (load_config sets it)
 
     @property

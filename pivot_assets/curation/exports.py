@@ -35,6 +35,12 @@ NeMo-Gym (`to_nemo_gym_rows`), the single_step_tool_use_with_argument_comparison
                                "tool_choice": "auto", "parallel_tool_calls": bool},
    "expected_action": {...}, "agent_ref": {"type": "responses_api_agents", "name": agent_name},
    "metadata": {turn_id, trajectory_id, conversation_id, domain, pivot_set, selection_rank, profile stats}}
+plus the profile as NVIDIA's published pivot rows (nvidia/Nemotron-RL-Agentic-Conversational-Tool-Use-Pivot-v1)
+carry it, top-level: `trajectory_id`; `<profile_key>`: {rewards: the profile's per-sample rewards in sample order
+(null when the warehouse holds no rollout_rewards for it), reward_mean, reward_std, reward_var}, the key
+`qwen_235b_info` unless named (the field NeMo-RL's examples/nemo_gym/prepare_conversational_tool_use_pivot_data.py
+filters on); `pass_rate` (n_pass / k), `pass_rate_total` (k) and `pass_rate_passed` (n_pass: samples with reward
+1). Both come from the one reference profile the pivot was selected by.
 Items: system/user messages {type: message, role, content: str}; an assistant message becomes a reasoning
 item (if any), an assistant message item with output_text content (if any text) and one function_call
 item per call {type, call_id, name, arguments: JSON text}; tool results {type: function_call_output,
@@ -56,7 +62,12 @@ from pivot_assets.core.ids import canonical_json
 from pivot_assets.core.shapes import arguments_dict, rebuild_state
 
 DEFAULT_AGENT_NAME = "single_step_tool_use_with_argument_comparison_agent"
+DEFAULT_PROFILE_KEY = "qwen_235b_info"  # the profile object NeMo-RL's pivot data script reads reward_mean from
+# the keys a row has besides the profile object, which therefore cannot name it
+NEMO_GYM_ROW_KEYS = ("trajectory_id", "responses_create_params", "expected_action", "agent_ref", "pass_rate",
+                     "pass_rate_total", "pass_rate_passed", "metadata")
 PROFILE_STATS = ("policy_fp", "verifier_fp", "k", "reward_mean", "reward_var", "reward_std", "n_pass", "n_distinct_actions")
+REWARD_STATS = ("reward_mean", "reward_std", "reward_var")  # the profile object's stats, in NVIDIA's rows' order
 # trajectory columns a warehouse ingested before they existed lacks (exported as null)
 OPTIONAL_TRAJECTORY_COLUMNS = ("conversation_id", "environment")
 PIVOT_COLUMNS = ("turn_id", "trajectory_id", "domain", "message_index", "action_kind", "expert_action", "selection_rank", "pivot_set")
@@ -88,15 +99,17 @@ def iter_pivot_states(pivots: pl.DataFrame, trajectories: pl.DataFrame) -> Itera
         yield pivot, rebuild_state(messages, index), _parse_tools(trajectory["tools"])
 
 
-def stream_pivot_states(pivots_path: str, trajectories_path: str,
-                        batch_size: int = EXPORT_BATCH) -> Iterator[tuple[dict, list[dict], list[dict]]]:
+def stream_pivot_states(pivots_path: str, trajectories_path: str, batch_size: int = EXPORT_BATCH,
+                        rewards_path: str | None = None) -> Iterator[tuple[dict, list[dict], list[dict]]]:
     """iter_pivot_states over Parquet files, streamed: (pivot row, state, tools) in selection order.
 
     DuckDB slices each state out of its trajectory (messages[:message_index]) and sorts by selection_rank within
-    its memory budget; Python sees one batch of pivots at a time. Same errors as iter_pivot_states."""
+    its memory budget; Python sees one batch of pivots at a time. With `rewards_path` (rollout_rewards) each
+    pivot row also gets `rewards`: its profile's per-sample rewards (pivot_rewards). Same errors as
+    iter_pivot_states."""
     from pivot_assets.core.warehouse import connect_for
 
-    con = connect_for([pivots_path, trajectories_path], memory_limit=EXPORT_MEMORY)
+    con = connect_for([p for p in (pivots_path, trajectories_path, rewards_path) if p], memory_limit=EXPORT_MEMORY)
     try:
         con.execute("SET enable_progress_bar = false")
         columns = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM read_parquet('{pivots_path}')").fetchall()}
@@ -105,8 +118,9 @@ def stream_pivot_states(pivots_path: str, trajectories_path: str,
             raise ValueError(f"pivots lack columns {missing}")
         present = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM read_parquet('{trajectories_path}')").fetchall()}
         optional = ", ".join(f"{'t.' + c if c in present else 'NULL'} AS {c}" for c in OPTIONAL_TRAJECTORY_COLUMNS)
+        rewards = _rewards_sql(rewards_path, columns) if rewards_path else "NULL"
         reader = con.execute(f"""
-            SELECT p.*, t.trajectory_id IS NOT NULL AS _found, len(t.messages) AS _n_messages,
+            SELECT p.*, {rewards} AS rewards, t.trajectory_id IS NOT NULL AS _found, len(t.messages) AS _n_messages,
                    t.messages[p.message_index + 1].role AS _target_role, t.tools AS _tools, {optional},
                    list_slice(t.messages, 1, p.message_index) AS _state
             FROM read_parquet('{pivots_path}') p
@@ -117,6 +131,23 @@ def stream_pivot_states(pivots_path: str, trajectories_path: str,
                 yield _checked_pivot(row)
     finally:
         con.close()
+
+
+def _rewards_sql(rewards_path: str, pivot_columns: set[str]) -> str:
+    """A correlated subquery: the pivot's per-sample rewards in sample order, those of its profile's key below its
+    k (what turn_profiles averaged: profiling/profiler.profiles_sql; a larger budget's samples share the key)."""
+    key = [c for c in ("turn_id", "policy_fp", "sampling_fp", "verifier_fp") if c in pivot_columns]
+    on = " AND ".join(f"r.{c} IS NOT DISTINCT FROM p.{c}" for c in key)  # as the turn_profiles contract joins
+    return (f"(SELECT list(r.reward ORDER BY r.sample_index) FROM read_parquet('{rewards_path}') r "
+            f"WHERE {on} AND r.sample_index < p.k)")
+
+
+def pivot_rewards(pivots: pl.DataFrame, rewards: pl.DataFrame) -> pl.DataFrame:
+    """The pivots with `rewards` (as stream_pivot_states adds it), for the in-memory exports."""
+    key = [c for c in ("turn_id", "policy_fp", "sampling_fp", "verifier_fp") if c in pivots.columns]
+    lists = (pivots.select(*key, "k").join(rewards, on=key, nulls_equal=True).filter(pl.col("sample_index") < pl.col("k"))
+             .sort("sample_index").group_by(key, maintain_order=True).agg(pl.col("reward").alias("rewards")))
+    return pivots.join(lists, on=key, how="left", nulls_equal=True, maintain_order="left")
 
 
 def _checked_pivot(row: dict) -> tuple[dict, list[dict], list[dict]]:
@@ -186,9 +217,9 @@ def export_hf(pivot_states: Iterable[tuple[dict, list[dict], list[dict]]], out_d
 
 
 def export_nemo_gym(pivot_states: Iterable[tuple[dict, list[dict], list[dict]]], path: str | Path,
-                    agent_name: str = DEFAULT_AGENT_NAME) -> int:
+                    agent_name: str = DEFAULT_AGENT_NAME, profile_key: str = DEFAULT_PROFILE_KEY) -> int:
     """Write a pivot set as NeMo-Gym pivot JSONL, row by row (atomically); returns the row count."""
-    return write_jsonl(nemo_gym_rows(pivot_states, agent_name), path)
+    return write_jsonl(nemo_gym_rows(pivot_states, agent_name, profile_key), path)
 
 
 def _batched(items: Iterable, size: int) -> Iterator[list]:
@@ -224,16 +255,30 @@ def save_hf(dataset, out_dir: str | Path) -> Path:
     return out
 
 
-def to_nemo_gym_rows(pivots: pl.DataFrame, trajectories: pl.DataFrame, agent_name: str = DEFAULT_AGENT_NAME) -> Iterator[dict]:
-    """NeMo-Gym pivot rows (single_step_tool_use_with_argument_comparison shape), one per pivot."""
-    return nemo_gym_rows(iter_pivot_states(pivots, trajectories), agent_name)
+def to_nemo_gym_rows(pivots: pl.DataFrame, trajectories: pl.DataFrame, agent_name: str = DEFAULT_AGENT_NAME,
+                     profile_key: str = DEFAULT_PROFILE_KEY, rewards: pl.DataFrame | None = None) -> Iterator[dict]:
+    """NeMo-Gym pivot rows (single_step_tool_use_with_argument_comparison shape), one per pivot; `rewards`
+    (rollout_rewards) fills the profile's per-sample rewards."""
+    if rewards is not None:
+        pivots = pivot_rewards(pivots, rewards)
+    return nemo_gym_rows(iter_pivot_states(pivots, trajectories), agent_name, profile_key)
+
+
+def check_profile_key(profile_key: str) -> str:
+    """The profile object's name: a JSON key that is not one of the row's other keys."""
+    if not profile_key or not profile_key.strip() or profile_key in NEMO_GYM_ROW_KEYS:
+        raise ValueError(f"profile key {profile_key!r} must be a non-empty name other than {', '.join(NEMO_GYM_ROW_KEYS)}")
+    return profile_key
 
 
 def nemo_gym_rows(pivot_states: Iterable[tuple[dict, list[dict], list[dict]]],
-                  agent_name: str = DEFAULT_AGENT_NAME) -> Iterator[dict]:
+                  agent_name: str = DEFAULT_AGENT_NAME, profile_key: str = DEFAULT_PROFILE_KEY) -> Iterator[dict]:
+    check_profile_key(profile_key)
     for pivot, state, tools in pivot_states:
         expected = json.loads(pivot["expert_action"])
+        k, n_pass = pivot.get("k"), pivot.get("n_pass")
         yield {
+            "trajectory_id": pivot.get("trajectory_id"),
             "responses_create_params": {
                 "input": responses_items(state),
                 "tools": [flat_tool(t) for t in tools],
@@ -241,7 +286,11 @@ def nemo_gym_rows(pivot_states: Iterable[tuple[dict, list[dict], list[dict]]],
                 "parallel_tool_calls": expected.get("type") == "function_call_batch",
             },
             "expected_action": expected,
+            profile_key: {"rewards": pivot.get("rewards"), **{name: pivot.get(name) for name in REWARD_STATS}},
             "agent_ref": {"type": "responses_api_agents", "name": agent_name},
+            "pass_rate": n_pass / k if k and n_pass is not None else None,
+            "pass_rate_total": k,
+            "pass_rate_passed": n_pass,
             "metadata": {name: pivot.get(name) for name in ("turn_id", "trajectory_id", "conversation_id", "domain",
                                                             "pivot_set", "selection_rank", *PROFILE_STATS)},
         }

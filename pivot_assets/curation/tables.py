@@ -51,20 +51,23 @@ def check_tables(wh: Warehouse, params: dict, table: str | None = None):
         yield name, check_table(wh, name, params)
 
 
-def export_set(wh: Warehouse, pivot_set: str, fmt: str, out: Path) -> Path:
+def export_set(wh: Warehouse, pivot_set: str, fmt: str, out: Path, profile_key: str | None = None) -> Path:
     """Write a pivot set as a Hugging Face dataset dir (`hf`) or NeMo-Gym pivot JSONL (`nemo-gym`), streamed from
-    the warehouse in batches (exports.stream_pivot_states): neither the set nor the trajectories are loaded."""
+    the warehouse in batches (exports.stream_pivot_states): neither the set nor the trajectories are loaded.
+    `profile_key` names the NeMo-Gym rows' profile object (exports.DEFAULT_PROFILE_KEY when None)."""
     from pivot_assets.curation import exports
 
     table = SET_TABLES[pivot_set]
     if not wh.exists(table):
         raise ValueError(f"{table} is not materialized yet: run `pivot run --select {table}` first")
-    states = exports.stream_pivot_states(wh.source_glob(table), wh.source_glob("trajectories"))
+    profile_key = exports.check_profile_key(exports.DEFAULT_PROFILE_KEY if profile_key is None else profile_key)
+    rewards = wh.source_glob("rollout_rewards") if fmt == "nemo-gym" and wh.exists("rollout_rewards") else None
+    states = exports.stream_pivot_states(wh.source_glob(table), wh.source_glob("trajectories"), rewards_path=rewards)
     out = Path(out)
     if fmt == "hf":
         exports.export_hf(states, out)
         return out
     path = out / f"{table}.jsonl" if out.suffix != ".jsonl" else out
     path.parent.mkdir(parents=True, exist_ok=True)
-    exports.export_nemo_gym(states, path)
+    exports.export_nemo_gym(states, path, profile_key=profile_key)
     return path

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from datasets import load_from_disk
 
-from pivot_assets.core.catalog import PIVOT_SETS, SET_TABLES
+from pivot_assets.core.catalog import PIVOT_SETS, REWARDS_SCHEMA, SET_TABLES
 from pivot_assets.core.config import PivotConfig, PivotsSection
 from pivot_assets.core.ids import seeded_unit
 from pivot_assets.core.warehouse import Warehouse
@@ -43,8 +43,23 @@ def profiled_warehouse(root: Path, inputs: list[dict], mixed: bool = True) -> Wa
                          ("policy_fp", pa.string()), ("sampling_fp", pa.string()), ("verifier_fp", pa.string()),
                          ("k", pa.int32()), ("reward_mean", pa.float64()), ("reward_var", pa.float64()),
                          ("reward_std", pa.float64()), ("n_pass", pa.int32()), ("n_distinct_actions", pa.int32())])))
+    wh.write_table("rollout_rewards", sample_rewards([t[0] for t in turns], n_pass))
     select_and_write(wh, PivotsSection(lambda_diff=0.6))
     return wh
+
+
+def sample_rewards(turn_ids: list[str], n_pass: list[int]) -> pa.Table:
+    """rollout_rewards behind those profiles: K=4 samples per turn, the passes last, written last sample first
+    (the export orders by sample_index); plus rows that are not the profile's, which the export must skip: a
+    fifth sample (a larger budget's, index >= k) and a sample scored by another verifier."""
+    rows = []
+    for turn, passed in zip(turn_ids, n_pass):
+        for i in reversed(range(4)):
+            rows.append((turn, "v", i, 1.0 if i >= 4 - passed else 0.0))
+        rows += [(turn, "v", 4, 0.5), (turn, "other-verifier", 0, 0.25)]
+    return pa.Table.from_pylist([
+        {"turn_id": t, "policy_fp": "p", "sampling_fp": "s", "sample_index": i, "verifier_fp": v, "domain": None,
+         "reward": r, "reason": None, "detail": None, "action": None} for t, v, i, r in rows], schema=REWARDS_SCHEMA)
 
 
 
@@ -70,8 +85,15 @@ def assert_streamed_equals_in_memory(wh: Warehouse, table: str, dataset, lines: 
     pivots, trajectories = wh.read(table), wh.read("trajectories")
     in_memory = exports.to_hf_dataset(pivots, trajectories)
     assert dataset.to_list() == in_memory.to_list()
-    assert lines == json.loads(json.dumps(list(exports.to_nemo_gym_rows(pivots, trajectories))))
+    rewards = wh.read("rollout_rewards")
+    assert lines == json.loads(json.dumps(list(exports.to_nemo_gym_rows(pivots, trajectories, rewards=rewards))))
     assert all(line["metadata"]["conversation_id"] for line in lines)
+    for line in lines:
+        profile, n_pass = line["qwen_235b_info"], line["metadata"]["n_pass"]
+        assert profile["rewards"] == [0.0] * (4 - n_pass) + [1.0] * n_pass
+        assert profile["reward_mean"] == line["metadata"]["reward_mean"] == n_pass / 4 == line["pass_rate"]
+        assert (line["pass_rate_total"], line["pass_rate_passed"]) == (4, n_pass)
+        assert line["trajectory_id"] == line["metadata"]["trajectory_id"]
 
 
 def assert_nemo_rows_read_back(path: Path, lines: list[dict]) -> None:

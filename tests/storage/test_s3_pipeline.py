@@ -132,7 +132,11 @@ def test_s3_warehouse_matches_local_and_reruns_from_cache(tmp_path, s3_env, embe
     exported = remote.root / "export" / "pivots_mixed.jsonl"
     remote.pivot("export", "--set", "mixed", "--format", "nemo-gym", "--out", str(exported))
     n_mixed = len(rw.read("pivots_mixed"))
-    assert len(exported.read_text().splitlines()) == n_mixed
+    rows = [json.loads(line) for line in exported.read_text().splitlines()]
+    assert len(rows) == n_mixed
+    for row in rows:  # the profile's per-sample rewards, read from the S3 warehouse's rollout_rewards
+        rewards = row["qwen_235b_info"]["rewards"]
+        assert len(rewards) == row["pass_rate_total"] and sum(r >= 1.0 for r in rewards) == row["pass_rate_passed"]
 
     assert_no_credentials(remote.root, texts=remote.output)
 
