@@ -162,7 +162,7 @@ class PolicySection(_Strict):
 
 
 class AdaptiveSection(_Strict):
-    """Adaptive profiling (profiling/adaptive.py, README "Adaptive profiling"): sample each turn in rounds of
+    """Adaptive profiling (profiling/adaptive.py, docs/adaptive.md): sample each turn in rounds of
     `round_size` up to policy.k, and stop once its membership in `sets` is settled."""
 
     enabled: bool = Field(False, description="Sample in rounds and stop early; off: every turn gets policy.k samples.")
@@ -358,7 +358,7 @@ class RuntimeSection(_Strict):
 
 
 class ScaleSection(_Strict):
-    """Past one machine (README "Scale"): profiling tables partitioned by shard = hash(trajectory_id) mod shards.
+    """Past one machine (docs/scale.md): profiling tables partitioned by shard = hash(trajectory_id) mod shards.
 
     shards: 1 and engine: local keep the single-process pipeline. Keep shards below 100: Dagster stops tracking
     data-version dependencies across 100 or more upstream partitions.
