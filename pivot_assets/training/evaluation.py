@@ -518,8 +518,8 @@ def score_policies(wh: "Warehouse", cfg: "PivotConfig", verifiers, policies: lis
     log("evaluation sets (held out): " + ", ".join(f"{k} {len(v)} turns" for k, v in sets.items())
         + f"; OOD probe {len(probe)} items; draws {draws}; eval key {key}")
     wanted = _draws_by_model(cfg, policies)
+    progress = Progress(total=len(wanted), unit=unit, log=log, every_s=0)  # before the workers: their time counts
     by_fp = _score_in_workers(wh, cfg, wanted, rows, probe, verifiers, log)
-    progress = Progress(total=len(wanted), unit=unit, log=log, every_s=0)
     adv = set(sets["adv"])
     for fp, (model, model_draws) in wanted.items():
         if fp not in by_fp:
@@ -529,7 +529,7 @@ def score_policies(wh: "Warehouse", cfg: "PivotConfig", verifiers, policies: lis
         ood = sum(scores["ood"]) / len(scores["ood"]) if scores["ood"] else None
         progress.update(1, f"{Path(model).name if '/' in model else model}{' (cached)' if scores['cached'] else ''}: "
                            f"adv {fmt_accuracy(sum(local) / len(local) if local else None)} over {len(model_draws)} "
-                           f"draw(s), ood {fmt_accuracy(ood)}")
+                           f"draw(s), ood {fmt_accuracy(ood)}", cached=scores["cached"])
     scored = [(p, {**by_fp[model_fingerprint(p.model, cfg)], "model_fp": model_fingerprint(p.model, cfg)})
               for p in policies]
     return Scored(scored, sets, key, turn_conversations(wh, set().union(*sets.values())))
