@@ -136,7 +136,7 @@ def build_ablation_asset(cfg: PivotConfig, wh: Warehouse, verifiers: VerifierSet
         wh.write_table("ablation_runs", pa.Table.from_pylist(result["runs"]))
         if result["steps"]:
             wh.write_table("ablation_steps", pa.Table.from_pylist(result["steps"]))
-        plot = intervals_plot(wh, rows, sets=(primary, *[s for s in ("adv", "profiled") if s != primary], "ood"))
+        plot = intervals_plot(wh, rows, sets=(primary, *[s for s in ("adv", "mixed", "profiled") if s != primary], "ood"))
         runs = {f"{r['arm']}/s{r['seed']}": {k: r[k] for k in ("steps", "pool", "turns_trained", "tokens",
                                                                  "useful_share", "cand_overlap_adv", "train_s")}
                 for r in result["runs"]}
@@ -155,7 +155,7 @@ def build_ablation_asset(cfg: PivotConfig, wh: Warehouse, verifiers: VerifierSet
 
 def intervals_plot(wh: Warehouse, rows: list[dict], name: str = "ablation_results",
                    title: str = "ablation: accuracy with 95% bootstrap intervals",
-                   sets: tuple[str, ...] = ("adv", "profiled", "ood")) -> str:
+                   sets: tuple[str, ...] = ("adv", "mixed", "profiled", "ood")) -> str:
     """Accuracy with its 95% interval per policy, one panel per evaluation set (a PNG on the asset)."""
     from .ablation import intervals_png
 

@@ -169,3 +169,19 @@ def test_evaluation_sets_are_held_out_nested_and_independent_of_the_trained_set(
     assert sets["adv"] == [u for u in sets["profiled"] if int(u[1:]) % 4 == 0]
     capped = evaluation_sets(wh, _cfg(tmp_path, training={"eval_fraction": 0.5, "eval_max_turns": 2}))
     assert len(capped["mixed"]) <= 2 and set(capped["adv"]) <= set(capped["profiled"])
+
+
+def test_pivot_eval_plot_has_a_panel_for_every_evaluation_set(tmp_path):
+    """adv, mixed, profiled and ood each get a panel (420 px wide each at the plot's size)."""
+    import struct
+
+    from pivot_assets.core.warehouse import Warehouse
+    from pivot_assets.training.assets import intervals_plot
+
+    rows = [{"policy": p, "eval_set": s, "accuracy": 0.5, "ci_low": 0.4, "ci_high": 0.6}
+            for p in ("reference", "grpo") for s in ("adv", "mixed", "profiled", "ood")]
+    wh = Warehouse(str(tmp_path / "wh"))
+    intervals_plot(wh, rows, name="pivot_eval")
+    png = (wh.root / "plots" / "pivot_eval.png").read_bytes()
+    width = struct.unpack(">I", png[16:20])[0]
+    assert width == 4 * 420

@@ -1,0 +1,19 @@
+"""Progress lines: cached units count as done but never make a rate."""
+
+from __future__ import annotations
+
+import time
+
+from pivot_assets.core.progress import Progress
+
+
+def test_cached_units_make_no_rate_and_worked_ones_do():
+    lines: list[str] = []
+    p = Progress(total=3, unit="policies evaluated", log=lines.append, every_s=0)
+    p.update(1, "reference (cached)", cached=True)
+    assert lines[-1] == "policies evaluated: 1/3 (cached) reference (cached)"
+    time.sleep(0.05)
+    p.update(1, "grpo")
+    rate = float(lines[-1].split("(")[1].split("/s")[0])
+    assert 0 < rate <= 1 / 0.05  # one worked unit over >= 50 ms, not two units
+    assert "ETA" in lines[-1]
