@@ -21,12 +21,21 @@ def table_preview(wh: Warehouse, table: str, limit: int = 5) -> str:
         df = con.sql(f"select * from {table} limit {int(limit)}").pl()
     finally:
         con.close()
-    # scalar columns only: nested messages or lists make an unreadable preview
-    cols = [c for c in df.columns if df[c].dtype.is_numeric() or df[c].dtype == pl.Utf8][:10]
+    cols = preview_columns(df)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for row in df.select(cols).iter_rows():
         lines.append("| " + " | ".join(_cell(v) for v in row) + " |")
     return "\n".join(lines)
+
+
+def preview_columns(df: pl.DataFrame, limit: int = 10) -> list[str]:
+    """What a reader scans first: the row's id, then the figures, then the other text. Scalar columns only (nested
+    messages or lists make an unreadable preview), and no fingerprints (`*_fp`: long hashes that push the figures
+    off the right edge)."""
+    scalar = [c for c in df.columns if (df[c].dtype.is_numeric() or df[c].dtype == pl.Utf8) and not c.endswith("_fp")]
+    ids = [c for c in scalar if c.endswith("_id")][:1]
+    numbers = [c for c in scalar if df[c].dtype.is_numeric()]
+    return (ids + numbers + [c for c in scalar if c not in ids and c not in numbers])[:limit]
 
 
 def _cell(v) -> str:

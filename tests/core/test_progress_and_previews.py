@@ -17,3 +17,13 @@ def test_cached_units_make_no_rate_and_worked_ones_do():
     rate = float(lines[-1].split("(")[1].split("/s")[0])
     assert 0 < rate <= 1 / 0.05  # one worked unit over >= 50 ms, not two units
     assert "ETA" in lines[-1]
+
+
+def test_previews_lead_with_the_id_then_the_figures_and_leave_out_fingerprints():
+    import polars as pl
+
+    from pivot_assets.materialization import preview_columns
+
+    df = pl.DataFrame({"trajectory_id": ["t"], "turn_id": ["u"], "policy_fp": ["ab" * 20], "domain": ["d"],
+                       "k": [8], "reward_mean": [0.5], "messages": [[1, 2]]})
+    assert preview_columns(df) == ["trajectory_id", "k", "reward_mean", "turn_id", "domain"]
