@@ -105,10 +105,24 @@ def create_pools(instance: dg.DagsterInstance, pools: set[str], attempts: int = 
                 time.sleep(0.1 * (attempt + 1))
 
 
+def job_for(defs: dg.Definitions, keys: list[dg.AssetKey], partitioned: bool = False) -> dg.JobDefinition:
+    """The named job that holds every key (pivot_pipeline, else the ablation's), so the UI lists the run under that
+    job and on its Overview; Dagster's anonymous implicit asset job for a shard's partition (one partitions
+    definition) or a selection no named job holds."""
+    from pivot_jobs import ABLATION_JOB, PIPELINE_JOB
+
+    names = {j.name for j in defs.resolve_all_job_defs()}
+    for name in () if partitioned else (PIPELINE_JOB, ABLATION_JOB):
+        job = defs.resolve_job_def(name) if name in names else None
+        if job is not None and set(keys) <= job.asset_layer.executable_asset_keys:
+            return job
+    return defs.resolve_implicit_global_asset_job_def()
+
+
 def run_assets(defs: dg.Definitions, keys: list[dg.AssetKey], instance: dg.DagsterInstance,
                run_id: str | None = None, partition_key: str | None = None) -> RunReport:
     """One run of `keys` (of one shard's partition when partition_key is given)."""
-    job = defs.resolve_implicit_global_asset_job_def()
+    job = job_for(defs, keys, partitioned=partition_key is not None)
     from pivot_assets.curation.contracts import prewarm
 
     # Great Expectations imports in the background while the first steps run; sqlalchemy.orm, which it and

@@ -87,6 +87,8 @@ def test_ingest_and_turns_on_shared_data(project, shared_data_dir, capsys):
 
     instance = dg.DagsterInstance.get()
     assert instance.get_latest_materialization_event(dg.AssetKey("turns")) is not None
+    # under the named pipeline job, so the UI's Overview and the job's page list it (not Dagster's anonymous job)
+    assert instance.get_runs(limit=1)[0].job_name == "pivot_pipeline"
     assert pivot(["sql", "select count(*) as n from turns", "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out.strip()) == {"n": n_turns}
 
