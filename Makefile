@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM := false
 # Material for MkDocs prints a multi-line notice on every build without it.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup setup-vllm demo test ui docs bench clean
+.PHONY: setup setup-vllm demo test ui docs config-reference bench clean
 
 setup: $(VENV)/.installed
 
@@ -70,3 +70,7 @@ bench: setup
 
 clean:
 	rm -rf warehouse .dagster_home
+
+# docs/configuration.md from the config's field descriptions (a test fails when it is stale)
+config-reference: setup
+	$(VENV)/bin/pivot config --reference > docs/configuration.md
