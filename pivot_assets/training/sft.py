@@ -535,7 +535,8 @@ def train_same_data_sft(model: str, turns: list[dict], options: "SFTSection", ou
     if not examples:
         raise ValueError(no_examples_reason(rejections, options.max_length))
     if epochs is not None:
-        options = options.model_copy(update={"steps": steps_for_pool(len(examples), options.batch_size * options.gradient_accumulation_steps, epochs)})
+        per_step = options.batch_size * options.gradient_accumulation_steps
+        options = options.model_copy(update={"steps": steps_for_pool(len(examples), per_step, epochs)})
     progress = Progress(total=options.steps, unit="sft steps", log=log, every_s=0)
     seen: set[str] = set()
     rows = train_sft(model, examples, options, out_dir, precision, threads=threads, device=device, fmt=fmt,

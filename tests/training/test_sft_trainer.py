@@ -48,10 +48,13 @@ class Killed(Exception):
 
 
 def test_a_killed_run_resumes_from_its_last_complete_checkpoint(embedded_model_dir, examples, tmp_path):
-    options = SFTSection(steps=4, batch_size=1, save_steps=2, learning_rate=1e-5)
+    options = SFTSection(steps=4, batch_size=1, save_steps=2, learning_rate=1e-5, lr_scheduler="linear",
+                         warmup_ratio=0.5)
     out = tmp_path / "sft"
+    before_kill: list[dict] = []
 
     def kill_in_step_3(row: dict) -> None:  # step 3 is logged before any checkpoint-4 could be written
+        before_kill.append(row)
         if row["step"] == 3:
             raise Killed
 
@@ -65,6 +68,8 @@ def test_a_killed_run_resumes_from_its_last_complete_checkpoint(embedded_model_d
 
     rows = train_sft(str(embedded_model_dir), examples, options, out, FP32, threads=1)
     assert [r["step"] for r in rows] == [3, 4]  # only the steps after the checkpoint ran
+    # the schedule resumes too: linear warm-up over steps 1-2, then linear decay
+    assert before_kill[0]["lr"] < before_kill[1]["lr"] and rows[1]["lr"] < rows[0]["lr"]
     assert out.exists() and not list(tmp_path.glob(".sft.trainer-*"))
 
 
