@@ -140,10 +140,12 @@ def write_results(args, results: list[dict]) -> None:
              f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB; torch on 1 thread, fp32",
              f"- Command: `PYTHONPATH=$PWD .venv/bin/python bench/bench_sft_memory.py --max-length {args.max_length} "
              f"--batch-size {args.batch_size} --steps {args.steps}`",
-             f"- Data: {args.data} (tau2 airline), the {args.batch_size * args.steps} longest trajectories as whole-"
+             f"- Data: {Path(args.data).name}/ of the shared data (tau2 airline), the {args.batch_size * args.steps} longest trajectories as whole-"
              f"trajectory examples cut to max_length; model: the embedded SmolLM2",
              f"- Fused/chunked cross-entropy installed: {', '.join(FUSED_CE) or 'none'}",
-             "", "| arm | peak RSS (GB) | steps/s | tokens per example | losses |", "|---|---|---|---|---|"]
+             "", "Peak RSS is each arm's own ru_maxrss (its own process); steps/s is 2 steps over the arm's wall time after "
+             "the examples are built (for the SFTTrainer arms it includes building the trainer and saving the model).",
+             "", "| arm | peak RSS (GiB) | steps/s | tokens per example | losses |", "|---|---|---|---|---|"]
     for r in results:
         if "error" in r:
             lines.append(f"| {ARMS[r['arm']]} | failed: {r['error']} | | | |")
