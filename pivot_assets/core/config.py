@@ -285,8 +285,8 @@ class SFTSection(_Strict):
         "Write a checkpoint every this many steps; a rerun of the same run after a kill resumes from the last "
         "complete one. Not in the identity."))
     trl: Annotated[dict[str, Any], In(SFT)] = Field(default_factory=dict, description=(
-        "Further trl.SFTConfig options passed as is (an unknown key is an error; keys this section sets are "
-        "set here)."))
+        "Further trl.SFTConfig options passed as is (an unknown key is an error; a key this section already "
+        "sets, e.g. learning_rate, is set with the section's own field, not here)."))
 
 
 class RefreshSection(_Strict):
