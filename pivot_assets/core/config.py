@@ -318,6 +318,25 @@ class SFTSection(_Strict):
         "What one example is: `trajectory` (the whole conversation, its start kept), `turn` (one turn's state, "
         "cut from the left to fit, + its expert action), or `auto` (the whole trajectory when it fits in "
         "max_length, else one example per turn)."))
+    lr_scheduler: Annotated[str, In(SFT)] = Field("constant", description=(
+        "The learning-rate schedule (a transformers SchedulerType: constant, linear, cosine, ...); constant keeps "
+        "the rate of the plain AdamW loop SFT used to be."))
+    warmup_ratio: Annotated[float, In(SFT)] = Field(0.0, ge=0.0, lt=1.0, description=(
+        "Share of the steps the learning rate warms up over, linearly from 0."))
+    gradient_accumulation_steps: Annotated[int, In(SFT)] = Field(1, ge=1, description=(
+        "Micro-batches of batch_size per optimizer step (the loss is averaged over all their assistant tokens)."))
+    gradient_checkpointing: bool = Field(True, description=(
+        "Recompute activations in the backward pass instead of keeping them: less memory, same gradients "
+        "(bench/RESULTS_sft_memory.md). Not in the identity."))
+    padding_free: Annotated[bool, In(SFT)] = Field(False, description=(
+        "Concatenate a batch's examples into one row without padding (TRL padding_free); needs an attention "
+        "kernel that keeps the examples apart (flash attention), so off by default."))
+    save_steps: int = Field(50, ge=1, description=(
+        "Write a checkpoint every this many steps; a rerun of the same run after a kill resumes from the last "
+        "complete one. Not in the identity."))
+    trl: Annotated[dict[str, Any], In(SFT)] = Field(default_factory=dict, description=(
+        "Further trl.SFTConfig options passed as is (an unknown key is an error; a key this section already "
+        "sets, e.g. learning_rate, is set with the section's own field, not here)."))
 
 
 class RefreshSection(_Strict):

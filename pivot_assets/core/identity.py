@@ -34,6 +34,9 @@ from .ids import canonical_json, short_hash
 ROLLOUTS, SAMPLING, PIVOTS = "rollouts", "sampling", "pivots"
 SFT, TRAINING, EVALUATION = "sft", "training", "evaluation"
 REFRESH = "refresh"
+# What trains the SFT model: TRL's SFTTrainer (its schedule, accumulation and loss normalisation) since it
+# replaced the plain AdamW loop; a change of trainer is a new model.
+SFT_TRAINER = "trl.SFTTrainer"
 
 
 class In:
@@ -82,7 +85,7 @@ def pivots_version(pivots: BaseModel) -> str:
 def sft_identity(sft: BaseModel, device: str) -> dict:
     """The `sft:` section's part of the SFT model's identity: the dtype as resolved on the device SFT runs on
     (training/runs.sft_identity adds the split)."""
-    return {**values(sft, SFT), "dtype": resolve_dtype(sft.dtype, device).dtype}
+    return {**values(sft, SFT), "dtype": resolve_dtype(sft.dtype, device).dtype, "trainer": SFT_TRAINER}
 
 
 def training_identity(training: BaseModel, device: str = "cpu") -> dict:

@@ -141,10 +141,11 @@ def arm_dir(arm: str, seed: int) -> str:
 
 
 def prompts_per_step(cfg: PivotConfig, trainer: str) -> int:
-    """Distinct turns one optimizer step trains on: the SFT batch, or the GRPO prompt groups of one generation
-    (per_device_train_batch_size x gradient_accumulation_steps completions / num_generations, TRL's defaults)."""
+    """Distinct turns one optimizer step trains on: the SFT batch times its accumulation steps, or the GRPO prompt
+    groups of one generation (per_device_train_batch_size x gradient_accumulation_steps completions /
+    num_generations, TRL's defaults)."""
     if trainer == "sft":
-        return cfg.sft.batch_size
+        return cfg.sft.batch_size * cfg.sft.gradient_accumulation_steps
     grpo = cfg.training.grpo or {}
     k = cfg.training.num_generations
     rows = int(grpo.get("per_device_train_batch_size", k)) * int(grpo.get("gradient_accumulation_steps", 1))

@@ -10,21 +10,23 @@ sampling time the model sees the prompt tokenized up to the header's newline and
 there, so a BPE merge across the header/body boundary would train on token sequences the policy
 never produces. Segment boundaries also make the mask exact by construction.
 
-Training is a plain torch loop on `policy.device` (AdamW, constant learning rate; fp32 weights with bf16
-autocast where the resolved precision says so, see core/hardware.py); the result is a normal Hugging Face model dir written atomically (tmp dir + rename).
+Training is trl.SFTTrainer on a pre-tokenized dataset (input_ids + the assistant mask above), on `policy.device`:
+AdamW with the `sft:` section's schedule, warm-up and gradient accumulation, gradient checkpointing by default,
+fp32 master weights with bf16 autocast where the resolved precision says so (core/hardware.py), checkpoints a
+rerun resumes from; the result is a normal Hugging Face model dir written atomically (tmp dir + rename).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import random
 import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from pivot_assets.core.hardware import Precision, configure_torch, resolve_dtype
+from pivot_assets.core.identity import fingerprint
 from pivot_assets.core.shapes import as_canonical_messages, as_list, to_template_messages
 from pivot_assets.policies.models import PromptFormat, load_model, load_tokenizer, render_chat
 
@@ -240,18 +242,6 @@ def _collate(batch: list[dict], pad_id: int, device: str | torch.device = "cpu")
     return {"input_ids": ids.to(device), "labels": labels.to(device), "attention_mask": attn.to(device)}
 
 
-def _batches(examples: list[dict], batch_size: int, seed: int):
-    """Endless shuffled batches: a fresh deterministic permutation per epoch."""
-    rng = random.Random(seed)
-    epoch = 0
-    while True:
-        order = list(range(len(examples)))
-        rng.shuffle(order)
-        for i in range(0, len(order), batch_size):
-            yield [examples[j] for j in order[i : i + batch_size]]
-        epoch += 1
-
-
 def save_model_atomic(model, tokenizer, out_dir: str | os.PathLike) -> Path:
     """save_pretrained model + tokenizer (with the chat template it was trained with, so `policy.chat_template:
     auto` renders the saved model's prompts as it was trained) into out_dir via tmp dir + rename."""
@@ -269,6 +259,136 @@ def save_model_atomic(model, tokenizer, out_dir: str | os.PathLike) -> Path:
     return out
 
 
+# SFTConfig keys the `sft:` section (or the run) sets: sft.trl may not set them to something else.
+SECTION_KEYS = {"output_dir": "(the run's checkpoint dir)", "max_steps": "steps",
+                "per_device_train_batch_size": "batch_size", "gradient_accumulation_steps": "gradient_accumulation_steps",
+                "learning_rate": "learning_rate", "lr_scheduler_type": "lr_scheduler", "warmup_steps": "warmup_ratio",
+                "gradient_checkpointing": "gradient_checkpointing", "padding_free": "padding_free",
+                "max_length": "max_length", "seed": "seed", "bf16": "dtype", "use_cpu": "(policy.device)",
+                "save_steps": "save_steps"}
+
+
+def sft_config_kwargs(options: "SFTSection", output_dir: str, precision: Precision, on_cpu: bool) -> dict:
+    """trl.SFTConfig keyword arguments from the `sft:` section, the precision and the `sft.trl` passthrough."""
+    import dataclasses
+
+    from trl import SFTConfig
+
+    kwargs = {
+        "output_dir": output_dir,
+        "max_steps": options.steps,
+        "per_device_train_batch_size": options.batch_size,
+        "gradient_accumulation_steps": options.gradient_accumulation_steps,
+        "learning_rate": options.learning_rate,
+        "lr_scheduler_type": options.lr_scheduler,
+        "warmup_steps": options.warmup_ratio,  # a float below 1 is a share of the steps in transformers 5
+        "gradient_checkpointing": options.gradient_checkpointing,
+        "padding_free": options.padding_free,
+        "max_length": options.max_length,
+        "seed": options.seed,
+        "data_seed": options.seed,
+        "bf16": precision.bf16,  # autocast over the fp32 master weights; resolved, never assumed
+        "use_cpu": on_cpu,
+        # the plain loop SFT used to be: torch AdamW's weight decay, no gradient clipping (sft.trl may set both)
+        "weight_decay": 0.01,
+        "max_grad_norm": 0.0,
+        "save_strategy": "steps",
+        "save_steps": options.save_steps,
+        "save_total_limit": 1,
+        "logging_steps": 1,
+        "report_to": "none",
+        "disable_tqdm": True,
+        "remove_unused_columns": False,  # keeps example_key for `seen`; the collator wrapper drops it
+        "dataloader_num_workers": 0,
+    }
+    known = {f.name for f in dataclasses.fields(SFTConfig)}
+    for key, value in (options.trl or {}).items():
+        if key not in known:
+            raise ValueError(f"sft.trl: unknown trl.SFTConfig key {key!r}")
+        if key in SECTION_KEYS and value != kwargs[key]:
+            raise ValueError(f"sft.trl.{key} duplicates sft.{SECTION_KEYS[key]}; set it there")
+        kwargs[key] = value
+    return kwargs
+
+
+def trainer_device(device: str) -> bool:
+    """True when training runs on the CPU. The Trainer places a single-process run on the current CUDA device
+    (cuda:0 unless CUDA_VISIBLE_DEVICES says otherwise), so another index is refused instead of silently moved."""
+    if device == "cpu":
+        return True
+    if device not in ("cuda", "cuda:0"):
+        raise ValueError(f"sft: device {device!r}: SFT trains on the first visible GPU; set "
+                         f"CUDA_VISIBLE_DEVICES={device.split(':')[-1]} and policy.device: cuda")
+    return False
+
+
+def _run_fingerprint(model: str, examples: list[dict], options: "SFTSection") -> str:
+    """Names the checkpoint dir: a rerun of the same model, examples and options resumes, any other run does not."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for e in examples:
+        digest.update(repr((e["input_ids"], e["labels"])).encode())
+    return fingerprint({"model": model, "options": options.model_dump(), "examples": digest.hexdigest()})
+
+
+def last_complete_checkpoint(work_dir: Path) -> str | None:
+    """The newest checkpoint-N dir with its trainer_state.json (the Trainer writes it after the weights and the
+    optimizer state), or None: a checkpoint a kill interrupted is skipped."""
+    done = [p for p in work_dir.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()
+            and (p / "trainer_state.json").exists()]
+    return str(max(done, key=lambda p: int(p.name.split("-")[-1]))) if done else None
+
+
+def _dataset(examples: list[dict]):
+    """Pre-tokenized rows: input_ids and the assistant mask TRL builds its labels from (loss on assistant tokens)."""
+    from datasets import Dataset
+
+    return Dataset.from_dict({
+        "input_ids": [e["input_ids"] for e in examples],
+        "assistant_masks": [[int(t != IGNORE_INDEX) for t in e["labels"]] for e in examples],
+        "example_key": [str(e.get("turn_id") or e.get("trajectory_id")) for e in examples]})
+
+
+class _CountingCollator:
+    """Wraps TRL's collator: drops example_key (recording it in `seen`) and counts each optimizer step's tokens."""
+
+    def __init__(self, inner, seen: set[str] | None) -> None:
+        self.inner, self.seen = inner, seen
+        self.tokens = self.loss_tokens = 0
+
+    def __call__(self, features: list[dict]) -> dict:
+        keys = [f.pop("example_key", None) for f in features]
+        if self.seen is not None:
+            self.seen.update(k for k in keys if k is not None)
+        self.tokens += sum(len(f["input_ids"]) for f in features)
+        self.loss_tokens += sum(sum(1 for t in f["labels"] if t != IGNORE_INDEX) for f in features)
+        return self.inner(features)
+
+
+def _step_rows_callback(collator: _CountingCollator, on_step: Callable[[dict], None] | None, rows: list[dict]):
+    from transformers import TrainerCallback
+
+    class StepRows(TrainerCallback):
+        """One row per optimizer step from the Trainer's logs (logging_steps=1) and the collator's counts."""
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.t0 = time.perf_counter()
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not logs or "loss" not in logs:
+                return
+            row = {"step": state.global_step, "loss": float(logs["loss"]), "lr": float(logs.get("learning_rate", 0.0)),
+                   "tokens": collator.tokens, "loss_tokens": collator.loss_tokens,
+                   "seconds": time.perf_counter() - getattr(self, "t0", time.perf_counter())}
+            collator.tokens = collator.loss_tokens = 0
+            rows.append(row)
+            if on_step is not None:
+                on_step(row)
+
+    return StepRows()
+
+
 def train_sft(
     model_dir_or_name: str,
     examples: list[dict],
@@ -281,50 +401,42 @@ def train_sft(
     fmt: PromptFormat = PromptFormat(),
     seen: set[str] | None = None,
 ) -> list[dict]:
-    """Fine-tune on `examples` for options.steps AdamW steps; save an HF model dir to out_dir.
+    """Fine-tune on `examples` with trl.SFTTrainer for options.steps optimizer steps; save an HF model dir to out_dir.
 
-    `options` is the `sft:` config section (steps, learning_rate, batch_size, seed); `precision` the
-    resolved dtype: the weights AdamW updates are fp32 (master weights) and bf16 runs as autocast over them when
-    it says bfloat16, so an update at lr 1e-6 is kept, never rounded away in bf16 storage. Returns one row per
-    step: {step, loss, lr, tokens (non-pad input tokens), loss_tokens, seconds}. `on_step(row)` is called after
-    every step; `seen`, when given, receives the turn (or trajectory) id of every example trained on.
+    `options` is the `sft:` config section; `precision` the resolved dtype: the weights AdamW updates are fp32
+    (master weights) and bf16 runs as autocast over them when it says bfloat16, so an update at lr 1e-6 is kept,
+    never rounded away in bf16 storage. Checkpoints go to a dir beside out_dir named by the run's fingerprint; a
+    rerun of the same run resumes from the last complete one, and the dir is removed once the model is saved.
+    Returns one row per step: {step, loss, lr, tokens (input tokens), loss_tokens, seconds}. `on_step(row)` is
+    called after every step; `seen`, when given, receives the turn (or trajectory) id of every example trained on
+    (from the resumed step on, after a resume).
     """
     import torch  # lazy: building the pipeline's definitions must not pay torch's import
+    from trl import SFTConfig, SFTTrainer
 
     if not examples:
         raise ValueError("train_sft: no examples to train on")
+    on_cpu = trainer_device(device)
     configure_torch(threads)
     torch.manual_seed(options.seed)
     model, tokenizer = load_model(model_dir_or_name, dtype="float32", device=device, fmt=fmt)
-    model.train()
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    optimizer = torch.optim.AdamW(model.parameters(), lr=options.learning_rate)
-    batches = _batches(examples, options.batch_size, options.seed)
-    rows = []
-    for step in range(1, options.steps + 1):
-        t0 = time.perf_counter()
-        examples_of_step = next(batches)
-        if seen is not None:
-            seen.update(str(e.get("turn_id") or e.get("trajectory_id")) for e in examples_of_step)
-        batch = _collate(examples_of_step, pad_id, model.device)
-        with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=precision.bf16):
-            loss = model(**batch).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        row = {
-            "step": step,
-            "loss": float(loss.detach()),
-            "lr": options.learning_rate,
-            "tokens": int(batch["attention_mask"].sum()),
-            "loss_tokens": int((batch["labels"] != IGNORE_INDEX).sum()),
-            "seconds": time.perf_counter() - t0,
-        }
-        rows.append(row)
-        if on_step is not None:
-            on_step(row)
-    model.eval()
-    save_model_atomic(model, tokenizer, out_dir)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    out = Path(out_dir)
+    work_dir = out.parent / f".{out.name}.trainer-{_run_fingerprint(model_dir_or_name, examples, options)}"
+    args = SFTConfig(**sft_config_kwargs(options, str(work_dir), precision, on_cpu))
+    trainer = SFTTrainer(model=model, args=args, train_dataset=_dataset(examples), processing_class=tokenizer)
+    collator = _CountingCollator(trainer.data_collator, seen)
+    trainer.data_collator = collator
+    rows: list[dict] = []
+    trainer.add_callback(_step_rows_callback(collator, on_step, rows))
+    resume = last_complete_checkpoint(work_dir) if work_dir.exists() else None
+    if resume:
+        log.info("SFT: resuming from %s", resume)
+    trainer.train(resume_from_checkpoint=resume)
+    trainer.model.eval()
+    save_model_atomic(trainer.model, tokenizer, out)
+    shutil.rmtree(work_dir, ignore_errors=True)
     return rows
 
 
@@ -423,7 +535,8 @@ def train_same_data_sft(model: str, turns: list[dict], options: "SFTSection", ou
     if not examples:
         raise ValueError(no_examples_reason(rejections, options.max_length))
     if epochs is not None:
-        options = options.model_copy(update={"steps": steps_for_pool(len(examples), options.batch_size, epochs)})
+        per_step = options.batch_size * options.gradient_accumulation_steps
+        options = options.model_copy(update={"steps": steps_for_pool(len(examples), per_step, epochs)})
     progress = Progress(total=options.steps, unit="sft steps", log=log, every_s=0)
     seen: set[str] = set()
     rows = train_sft(model, examples, options, out_dir, precision, threads=threads, device=device, fmt=fmt,

@@ -3,7 +3,8 @@
 PINS were computed on the commit before the identity module (9aaad9e): code versions of the assets (not
 rollout_rewards, which follows the verifiers' code), sampling fingerprints and run keys with the warehouse's data
 versions, model fingerprints and split stubbed. A change here makes existing warehouses recompute: on purpose only.
-Changed on purpose since: local_key and eval_key (evaluation draws seeded per sample, as profiling's).
+Changed on purpose since: local_key and eval_key (evaluation draws seeded per sample, as profiling's); the SFT keys
+(sft_key, own:sft_policy, the same-data SFT arm, ablation_results) when trl.SFTTrainer replaced the plain loop.
 """
 
 from pathlib import Path
@@ -30,12 +31,12 @@ VARIANTS = {
 PINS = {
     "ablation_cpu": {
         "arm_key:grpo_adv": "7e12755793d63518",
-        "arm_key:sft_same_data": "d5d4f5888c1fd8d0",
+        "arm_key:sft_same_data": "607e6f5f8f943733",
         "eval_key": "f14a95f6d078e315",
         "grpo_key": "9e1bc5486f82ec3e",
         "local_key": "241eed2690dc2c6f",
         "ood_key": "4e439fee64597dbc",
-        "own:ablation_results": "048166cc96c3bce5",
+        "own:ablation_results": "3c6b260eb2f98583",
         "own:grpo_run": "767b5b12a5ff08ed",
         "own:pivot_dataset": "1-adv",
         "own:pivot_eval": "b4cecce7f88b81ee",
@@ -44,15 +45,15 @@ PINS = {
         "own:pivots_cand": "63d9166f4e0e4719",
         "own:pivots_mixed": "63d9166f4e0e4719",
         "own:rollouts": "3802b93db55ce22b|split:[0.3, 0.3, 0]",
-        "own:sft_policy": "fb4d69cdc30ee550",
+        "own:sft_policy": "19459a1168467ed8",
         "own:turn_profiles": "4e833c82c617ab45",
         "sampling_fp:per_sample": "f5a3a659ed842705",
         "sampling_fp:per_turn": "f8e979cc7826fca1",
-        "sft_key": "8cbc7a8438c9c572"
+        "sft_key": "2fa0bee4c929cba1"
     },
     "adaptive": {
         "arm_key:grpo_adv": "fd71c921456f3189",
-        "arm_key:sft_same_data": "40a45bdda5509a3f",
+        "arm_key:sft_same_data": "45ef8b3b20669f1f",
         "eval_key": "d6ba9680f2bdec65",
         "grpo_key": "38beee2bb3fef969",
         "local_key": "c74b258f82ed7179",
@@ -65,15 +66,15 @@ PINS = {
         "own:pivots_cand": "dd7d895120b8f325",
         "own:pivots_mixed": "dd7d895120b8f325",
         "own:rollouts": "6172a03b5c6bc3b6|split:[0.1, 0.2, 0]",
-        "own:sft_policy": "21dcda1469d57584",
+        "own:sft_policy": "e18f1fb3e5ddceac",
         "own:turn_profiles": "64ef6c92966584ee",
         "sampling_fp:per_sample": "a46b860615f79da6",
         "sampling_fp:per_turn": "1a58a3703454c746",
-        "sft_key": "f572cde0a1416e0a"
+        "sft_key": "9a0726cf1b702d01"
     },
     "default": {
         "arm_key:grpo_adv": "177c919ebda60857",
-        "arm_key:sft_same_data": "40a45bdda5509a3f",
+        "arm_key:sft_same_data": "45ef8b3b20669f1f",
         "eval_key": "76fdbf2c7d4bf8f4",
         "grpo_key": "96ace1d69f88a846",
         "local_key": "7350d2935d3a315e",
@@ -86,11 +87,11 @@ PINS = {
         "own:pivots_cand": "63d9166f4e0e4719",
         "own:pivots_mixed": "63d9166f4e0e4719",
         "own:rollouts": "18c97d83420f1ad6",
-        "own:sft_policy": "790ef3f873e0d5cc",
+        "own:sft_policy": "0e65df4f864c85e6",
         "own:turn_profiles": "8234690aefce42ac",
         "sampling_fp:per_sample": "a46b860615f79da6",
         "sampling_fp:per_turn": "1a58a3703454c746",
-        "sft_key": "fa98950b204e31c6"
+        "sft_key": "78eda1afd6453f36"
     }
 }
 
