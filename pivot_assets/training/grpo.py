@@ -47,7 +47,6 @@ Anything GRPOConfig accepts may go under `training.grpo`; an unknown key is a on
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -193,14 +192,9 @@ def _grpo_config_kwargs(options: "TrainingSection", output_dir: str, *, cpu_smok
     }
     public = {"max_steps": "steps", "num_generations": "num_generations", "learning_rate": "learning_rate",
               "max_completion_length": "max_completion_length"}
-    known = {f.name for f in dataclasses.fields(GRPOConfig)}
-    for key, value in (options.grpo or {}).items():
-        if key not in known:
-            raise ValueError(f"training.grpo: unknown GRPOConfig key {key!r}")
-        if key in public and value != kwargs[key]:
-            raise ValueError(f"training.grpo.{key} duplicates training.{public[key]}; set it there")
-        kwargs[key] = value
-    return kwargs
+    from .runs import apply_trl_options
+
+    return apply_trl_options(kwargs, options.grpo, GRPOConfig, "training.grpo", public)
 
 
 # -- the dataset ----------------------------------------------------------------------------------

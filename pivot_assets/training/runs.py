@@ -181,3 +181,20 @@ def arm_key(wh: Warehouse, cfg: PivotConfig, arm: str, seed: int, verifier_fp: s
         "init": model_fingerprint(init_model(wh, cfg), cfg), "verifier": verifier_fp,
         "split": split_fingerprint(wh, config_split(cfg)), "device": training_device(),
     })
+
+
+def apply_trl_options(kwargs: dict, extra: dict | None, config_class, section: str, public: dict[str, str]) -> dict:
+    """`kwargs` for a TRL config class with the section's passthrough options (`extra`) applied: an unknown key is
+    an error, and so is a key that the section sets with its own field (`public`: TRL name -> field) to another
+    value."""
+    import dataclasses
+
+    known = {f.name for f in dataclasses.fields(config_class)}
+    for key, value in (extra or {}).items():
+        if key not in known:
+            raise ValueError(f"{section}: unknown trl.{config_class.__name__} key {key!r}")
+        if key in public and value != kwargs[key]:
+            raise ValueError(f"{section}.{key} duplicates {section.split('.')[0]}.{public[key]}; set it there")
+        kwargs[key] = value
+    return kwargs
+

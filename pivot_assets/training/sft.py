@@ -270,7 +270,6 @@ SECTION_KEYS = {"output_dir": "(the run's checkpoint dir)", "max_steps": "steps"
 
 def sft_config_kwargs(options: "SFTSection", output_dir: str, precision: Precision, on_cpu: bool) -> dict:
     """trl.SFTConfig keyword arguments from the `sft:` section, the precision and the `sft.trl` passthrough."""
-    import dataclasses
 
     from trl import SFTConfig
 
@@ -301,14 +300,9 @@ def sft_config_kwargs(options: "SFTSection", output_dir: str, precision: Precisi
         "remove_unused_columns": False,  # keeps example_key for `seen`; the collator wrapper drops it
         "dataloader_num_workers": 0,
     }
-    known = {f.name for f in dataclasses.fields(SFTConfig)}
-    for key, value in (options.trl or {}).items():
-        if key not in known:
-            raise ValueError(f"sft.trl: unknown trl.SFTConfig key {key!r}")
-        if key in SECTION_KEYS and value != kwargs[key]:
-            raise ValueError(f"sft.trl.{key} duplicates sft.{SECTION_KEYS[key]}; set it there")
-        kwargs[key] = value
-    return kwargs
+    from .runs import apply_trl_options
+
+    return apply_trl_options(kwargs, options.trl, SFTConfig, "sft.trl", SECTION_KEYS)
 
 
 def trainer_device(device: str) -> bool:

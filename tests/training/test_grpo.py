@@ -84,7 +84,7 @@ def test_grpo_config_passthrough_smoke_caps_and_errors():
     assert kwargs["per_device_train_batch_size"] % kwargs["num_generations"] == 0
     assert kwargs["beta"] == 0.04 and kwargs["temperature"] == 0.9 and kwargs["use_cpu"]
     assert kwargs["report_to"] == "none" and kwargs["logging_steps"] == 1
-    with pytest.raises(ValueError, match="unknown GRPOConfig key 'no_such_key'"):
+    with pytest.raises(ValueError, match="unknown trl.GRPOConfig key 'no_such_key'"):
         _grpo_config_kwargs(TrainingSection(grpo={"no_such_key": 1}), "/tmp/x", cpu_smoke=True, precision=FP32)
     with pytest.raises(ValueError, match="duplicates training.learning_rate"):
         _grpo_config_kwargs(TrainingSection(grpo={"learning_rate": 0.1}), "/tmp/x", cpu_smoke=False, precision=FP32)
