@@ -119,6 +119,19 @@ def job_for(defs: dg.Definitions, keys: list[dg.AssetKey], partitioned: bool = F
     return defs.resolve_implicit_global_asset_job_def()
 
 
+def run_labels(job: dg.JobDefinition) -> dict[str, str]:
+    """The tag the UI finds a run's code location by: without it a run of a named job is missing from the job's
+    page and the Overview timeline (an in-process run has no location of its own)."""
+    from dagster._core.definitions.repository_definition.valid_definitions import SINGLETON_REPOSITORY_NAME
+    from dagster._core.storage.tags import REPOSITORY_LABEL_TAG
+
+    from pivot_jobs import CODE_LOCATION
+
+    if job.name.startswith("__"):
+        return {}
+    return {REPOSITORY_LABEL_TAG: f"{SINGLETON_REPOSITORY_NAME}@{CODE_LOCATION}"}
+
+
 def run_assets(defs: dg.Definitions, keys: list[dg.AssetKey], instance: dg.DagsterInstance,
                run_id: str | None = None, partition_key: str | None = None) -> RunReport:
     """One run of `keys` (of one shard's partition when partition_key is given)."""
@@ -140,7 +153,7 @@ def run_assets(defs: dg.Definitions, keys: list[dg.AssetKey], instance: dg.Dagst
         raise_on_error=False,
         run_id=run_id,
         partition_key=partition_key,
-        tags={PROCESS_TAG: token} if token else None,
+        tags={**run_labels(job), **({PROCESS_TAG: token} if token else {})},
         run_config={"loggers": {"console": {"config": {"log_level": level}}}},
     )
     materialized = sorted(

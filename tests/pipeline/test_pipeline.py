@@ -88,7 +88,9 @@ def test_ingest_and_turns_on_shared_data(project, shared_data_dir, capsys):
     instance = dg.DagsterInstance.get()
     assert instance.get_latest_materialization_event(dg.AssetKey("turns")) is not None
     # under the named pipeline job, so the UI's Overview and the job's page list it (not Dagster's anonymous job)
-    assert instance.get_runs(limit=1)[0].job_name == "pivot_pipeline"
+    run = instance.get_runs(limit=1)[0]
+    assert run.job_name == "pivot_pipeline"
+    assert run.tags[".dagster/repository"] == "__repository__@pivot_curation"  # the job page finds it by this
     assert pivot(["sql", "select count(*) as n from turns", "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out.strip()) == {"n": n_turns}
 
@@ -149,3 +151,13 @@ def test_workspace_loads_in_dagster(project, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "All code locations passed validation" in proc.stderr + proc.stdout
+
+
+def test_runs_are_labelled_with_the_workspace_location():
+    import yaml
+
+    from pivot_jobs import CODE_LOCATION
+
+    workspace = yaml.safe_load((Path(__file__).resolve().parents[2] / "workspace.yaml").read_text())
+    assert workspace["load_from"][0]["python_file"]["location_name"] == CODE_LOCATION
+
