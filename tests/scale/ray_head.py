@@ -30,11 +30,12 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def free_port_range(width: int = 40) -> int:
-    """The first port of `width` consecutive free ports (Ray's worker ports)."""
+def free_port_range(width: int = 40, avoid: frozenset[int] = frozenset()) -> int:
+    """The first port of `width` consecutive free ports (Ray's worker ports), none of them in `avoid` (ports already
+    handed to another Ray component: Ray refuses a start where two components share a port)."""
     for _ in range(50):
         start = free_ports(1)[0]
-        if start + width > 65000:
+        if start + width > 65000 or avoid & set(range(start, start + width)):
             continue
         try:
             socks = []
@@ -79,8 +80,24 @@ def start_ray_head(num_cpus: int = 2, timeout: float = 180, env: dict[str, str] 
     `env`: added to the head's environment, which every Ray worker and job driver on it inherits (a job's
     runtime_env, by contrast, is visible to anyone who can list the cluster's jobs). `venv_on_path` False starts
     this venv's `ray` with the venv off PATH (a job's `python` is then another one); `without`: variables removed."""
-    gcs, dash, client, mgr, obj, agent_listen, agent_grpc, metrics, rtenv = free_ports(9)
-    workers = free_port_range(40)
+    for attempt in range(3):
+        try:
+            return _start_ray_head(num_cpus, timeout, env, nice, venv_on_path, without)
+        except RayPortTaken:  # a port found free was taken by another process before Ray bound it: pick again
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+class RayPortTaken(RuntimeError):
+    pass
+
+
+def _start_ray_head(num_cpus: int, timeout: float, env: dict[str, str] | None, nice: int, venv_on_path: bool,
+                    without: tuple[str, ...]) -> RayHead:
+    singles = free_ports(9)
+    gcs, dash, client, mgr, obj, agent_listen, agent_grpc, metrics, rtenv = singles
+    workers = free_port_range(40, avoid=frozenset(singles))
     temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
     path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and Path(p) != VENV_BIN]
     env = {**{k: v for k, v in os.environ.items() if k not in without and (venv_on_path or k != "VIRTUAL_ENV")}, **(env or {}),
@@ -99,7 +116,9 @@ def start_ray_head(num_cpus: int = 2, timeout: float = 180, env: dict[str, str] 
     head = RayHead(proc, f"http://127.0.0.1:{dash}", f"127.0.0.1:{gcs}", temp_dir, 0.0)
     while time.perf_counter() - t0 < timeout:
         if proc.poll() is not None:
-            raise RuntimeError(f"ray head exited: {(Path(temp_dir) / 'head.log').read_text()[-2000:]}")
+            log = (Path(temp_dir) / "head.log").read_text()
+            taken = "used by other components" in log or "address already in use" in log.lower()
+            raise (RayPortTaken if taken else RuntimeError)(f"ray head exited: {log[-2000:]}")
         try:
             with urllib.request.urlopen(f"{head.dashboard}/api/version", timeout=2) as r:
                 if r.status == 200:
