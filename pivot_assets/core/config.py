@@ -244,6 +244,18 @@ class TrainingSection(_Strict):
         "Extra trl.GRPOConfig arguments (e.g. beta, loss_type)."))
     reward_verifier: Annotated[VerifierSection | None, In(TRAINING)] = Field(None, description=(
         "GRPO's reward verifier (the shape of the top-level `verifier:` section); null: the profiling verifier."))
+    launcher: Literal["inprocess", "accelerate"] = Field("inprocess", description=(
+        "Where grpo_run and sft_policy train: in the Dagster step's process, or as `accelerate launch` with "
+        "num_processes workers (DDP; DeepSpeed or FSDP from accelerate_config), its logs and progress reaching the "
+        "run through Dagster Pipes (training/launcher.py). The world size is part of the models' keys."))
+    num_processes: int = Field(2, ge=1, description=(
+        "Training processes `accelerate launch` starts (launcher: accelerate): one per GPU, or CPU processes "
+        "(DDP over gloo) where there is none."))
+    accelerate_config: str | None = Field(None, description=(
+        "An accelerate config file (configs/accelerate/*.yaml: ZeRO-3, FSDP), relative to the config's dir; "
+        "null: plain DDP."))
+    save_steps: int = Field(50, ge=1, description=(
+        "grpo_run writes a checkpoint every this many steps; a rerun of the same run resumes from the last one."))
     # -- evaluation only (never retrains: EVALUATION, not TRAINING; core/identity.py) --
     eval_seed: Annotated[int, In(EVALUATION)] = Field(0, description=(
         "Evaluation draws are seeded per turn by seeded_int(\"pivot-eval\", eval_seed) (training/runs.eval_seed), "

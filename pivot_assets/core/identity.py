@@ -97,6 +97,14 @@ def training_identity(training: BaseModel, device: str = "cpu") -> dict:
     return {**section, "dtype": resolve_dtype(training.dtype, device).dtype}
 
 
+def launch_identity(training: BaseModel) -> dict:
+    """What a launched run (grpo_run, sft_policy; the ablation's arms and refresh rounds train in-process) adds to a model's identity: its world size (each DDP process takes a per-device batch,
+    so the global batch grows with it). One process, launched or not, trains as in-process does: nothing, which
+    keeps the keys of models trained before the launcher existed. ZeRO-3 and FSDP shard the same math: not in it."""
+    n = training.num_processes if training.launcher != "inprocess" else 1
+    return {"processes": n} if n > 1 else {}
+
+
 def eval_identity(training: BaseModel) -> list:
     """pivot_eval's code version: [the evaluation-only fields, then the EVALUATION fields a model also depends on
     (the split and the completion length), in declaration order]."""

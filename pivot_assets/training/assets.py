@@ -3,6 +3,9 @@ paper's baseline), local GRPO on the pivot set (`grpo_run`), and local accuracy 
 policy (`pivot_eval`). Each body is one call into this package's library; the libraries write completion
 markers keyed by everything a model depends on, so a rerun with the same inputs trains nothing."""
 
+from pathlib import Path
+from typing import Callable
+
 import dagster as dg
 import pyarrow as pa
 
@@ -15,9 +18,9 @@ from pivot_assets.materialization import publish
 from pivot_assets.verifiers import DomainVerifiers, VerifierSets
 
 from .evaluation import eval_table, evaluate_policies
-from .grpo import run_local_grpo
-from .runs import sft_identity, training_identity
-from .sft import train_sft_policy
+from .grpo import grpo_run_status, run_local_grpo
+from .runs import grpo_run_identity, sft_identity, sft_run_identity, training_identity
+from .sft import sft_run_status, train_sft_policy
 
 GROUP = __package__.rsplit(".", 1)[-1]
 HF_EXPORT = "pivot_dataset"  # the curation stage's export asset (an asset key: no import across assets.py files)
@@ -37,13 +40,47 @@ def run_metadata(result: dict) -> dict:
     return meta
 
 
+def train_stage(context: dg.AssetExecutionContext, cfg: PivotConfig, stage: str, status: dict,
+                inprocess: Callable[[], dict]) -> dict:
+    """The stage's result: trained in this process, or (training.launcher: accelerate, and not up to date) by
+    launched ranks whose main one reports through Dagster Pipes."""
+    if cfg.training.launcher == "inprocess" or status["skipped"]:
+        return inprocess()
+    return launched_result(context, cfg, stage)
+
+
+def launched_result(context: dg.AssetExecutionContext, cfg: PivotConfig, stage: str) -> dict:
+    """Runs the stage as `accelerate launch` (training/launcher.py) through Dagster Pipes: the main rank's log lines
+    and progress reach this run, its result is its last custom message."""
+    import shlex
+    import tempfile
+
+    from pivot_assets.core.hardware import Precision
+
+    from .launcher import launch_command, launch_env
+    from .runs import has_cuda
+
+    on_gpu = has_cuda() if stage == "grpo" else cfg.policy.device != "cpu"
+    with tempfile.TemporaryDirectory(prefix="pivot-launch-") as tmp:
+        config_json = Path(tmp) / "config.json"  # every rank reads the run's config from here
+        config_json.write_text(cfg.model_dump_json())
+        command = launch_command(cfg.training, Path(cfg.base_dir), stage, config_json, on_gpu)
+        context.log.info(f"{stage}: {cfg.training.num_processes} processes: {shlex.join(command)}")
+        invocation = dg.PipesSubprocessClient().run(context=context, command=command, env=launch_env())
+    messages = invocation.get_custom_messages()
+    if not messages:
+        raise RuntimeError(f"{stage}: the launched run exited without reporting a result (see its log above)")
+    return {**messages[-1], "precision": Precision(**messages[-1]["precision"])}
+
+
 def build_sft_asset(cfg: PivotConfig, wh: Warehouse):
     @dg.asset(deps=["trajectories"], group_name=GROUP, kinds={"pytorch"},
-              code_version=fingerprint(sft_identity(cfg)))
+              code_version=fingerprint(sft_run_identity(cfg)))
     def sft_policy(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         """SmolLM2 fine-tuned on the expert turns (assistant tokens only), held-out trajectories excluded:
         the warm-up reference policy and the same-data SFT baseline."""
-        result = train_sft_policy(wh, cfg, context.log.info)
+        result = train_stage(context, cfg, "sft", sft_run_status(wh, cfg),
+                             lambda: train_sft_policy(wh, cfg, context.log.info))
         extra = {k: result[k] for k in ("n_examples", "n_held_out", "n_warmup_trajectories", "not_trained_on")
                  if k in result}
         rows = wh.read("sft_steps").to_dicts()
@@ -59,10 +96,11 @@ def build_grpo_asset(cfg: PivotConfig, wh: Warehouse, reward: DomainVerifiers):
     init_deps = ["sft_policy"] if cfg.training.init == "sft" else []
 
     @dg.asset(deps=[HF_EXPORT, *init_deps], group_name=GROUP, kinds={"pytorch"},
-              code_version=fingerprint(training_identity(cfg)))
+              code_version=fingerprint(grpo_run_identity(cfg)))
     def grpo_run(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         """TRL GRPOTrainer on the pivot set, one short turn per sample, rewarded by the local verifier."""
-        result = run_local_grpo(wh, cfg, reward, context.log.info)
+        result = train_stage(context, cfg, "grpo", grpo_run_status(wh, cfg, reward),
+                             lambda: run_local_grpo(wh, cfg, reward, context.log.info))
         meta = run_metadata(result)
         if not result["skipped"]:
             meta.update({"train_prompts": result["train_prompts"],

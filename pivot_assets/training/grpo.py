@@ -161,7 +161,7 @@ def make_verifier_reward(domain_verifiers, tokenizer=None):
 
 
 def _grpo_config_kwargs(options: "TrainingSection", output_dir: str, *, cpu_smoke: bool,
-                        precision: Precision) -> dict:
+                        precision: Precision, checkpoints: bool = False) -> dict:
     """GRPOConfig keyword arguments from the `training:` section, the smoke caps, the precision and the passthrough."""
     import torch
     from trl import GRPOConfig
@@ -184,7 +184,9 @@ def _grpo_config_kwargs(options: "TrainingSection", output_dir: str, *, cpu_smok
         "max_completion_length": length,
         "logging_steps": 1,
         "report_to": "none",
-        "save_strategy": "no",  # the final model is saved by run_grpo, atomically
+        # the final model is saved by run_grpo, atomically; a keyed run also checkpoints, to resume after a kill
+        **({"save_strategy": "steps", "save_steps": options.save_steps, "save_total_limit": 1} if checkpoints
+           else {"save_strategy": "no"}),
         "use_cpu": not on_gpu,
         "bf16": precision.bf16,  # resolved from training.dtype: never bf16 on a CPU that lacks it
         "seed": options.seed,
@@ -323,7 +325,8 @@ def run_grpo(model_dir: str, train_dataset, domain_verifiers, options: "Training
              out_dir: str | os.PathLike, *, cpu_smoke: bool, precision: Precision,
              on_step: Callable[[dict], None] | None = None, threads: int | str = "auto",
              held_out: set[str] | None = None, device: str = "cpu", fmt=None,
-             full_passes: bool = False) -> GRPOResult:
+             full_passes: bool = False, run_key: str | None = None,
+             log_line: Callable[[str], None] = log.info) -> GRPOResult:
     """Train with TRL's GRPOTrainer on the pivot export; save the final model (HF dir) to out_dir.
 
     `train_dataset` is the pivot HF export (columns prompt, tools, expert_action, turn_id,
@@ -334,14 +337,17 @@ def run_grpo(model_dir: str, train_dataset, domain_verifiers, options: "Training
     (master weights, fp32 gradients and AdamW state) with bf16 autocast where `precision` says bfloat16: see the
     module docstring. `full_passes`: pad the prompts with seeded repeats to a multiple of the prompts one
     generation takes, since TRL's sampler drops an incomplete last chunk of each pass: then every pass over the
-    data trains on every turn.
+    data trains on every turn. `run_key`: checkpoints every options.save_steps steps into a dir named by it, and a
+    rerun with the same key resumes from the last complete one (its completions log then starts there); None: no
+    checkpoints, a work dir of this process only. `log_line`: where the resume is said.
     """
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from pivot_assets.policies.models import PromptFormat, load_model
 
-    from .sft import save_model_atomic
+    from .launcher import gather_lists, is_main_process
+    from .sft import last_complete_checkpoint, save_trained
     from .split import split_by_trajectory
 
     if held_out is None:
@@ -353,29 +359,47 @@ def run_grpo(model_dir: str, train_dataset, domain_verifiers, options: "Training
                                   fmt=fmt or PromptFormat())
     dataset = _text_prompt_dataset(train_dataset, tokenizer, held_out)
     out = Path(out_dir)
-    work_dir = out.parent / f".{out.name}.trainer-{os.getpid()}"
-    kwargs = _grpo_config_kwargs(options, str(work_dir), cpu_smoke=cpu_smoke, precision=precision)
+    work_dir = out.parent / f".{out.name}.trainer-{run_key or os.getpid()}"
+    kwargs = _grpo_config_kwargs(options, str(work_dir), cpu_smoke=cpu_smoke, precision=precision,
+                                 checkpoints=run_key is not None)
     if full_passes:
         dataset = pad_to_multiple(dataset, prompts_per_generation(kwargs), options.seed)
     reward = make_verifier_reward(domain_verifiers, tokenizer)
     timer = type("StepTimer", (_StepTimer, TrainerCallback), {})(on_step)
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=GRPOConfig(**kwargs),
                           train_dataset=dataset, processing_class=tokenizer, callbacks=[timer])
+    resume = last_complete_checkpoint(work_dir) if run_key is not None and work_dir.exists() else None
+    if resume:
+        log_line(f"grpo: resuming from {resume}")
     try:
-        trainer.train()
-        save_model_atomic(trainer.model, tokenizer, out)
-    finally:
+        trainer.train(resume_from_checkpoint=resume)
+        save_trained(trainer, tokenizer, out)
+    except BaseException:
+        if run_key is None:  # a keyed run keeps its checkpoints for the rerun
+            shutil.rmtree(work_dir, ignore_errors=True)
+        raise
+    if is_main_process():
         shutil.rmtree(work_dir, ignore_errors=True)
+    completions = gather_lists(reward.completions_log)  # each launched rank scored its share
     steps = _step_rows(trainer.state.log_history)
     for row in steps:
         row["seconds"] = timer.seconds.get(row["step"])
     fingerprints = {str(d): domain_verifiers.for_domain(d).fingerprint for d in sorted(set(dataset["domain"]), key=str)}
-    return GRPOResult(model_dir=str(out), steps=steps, completions_log=reward.completions_log,
+    return GRPOResult(model_dir=str(out), steps=steps, completions_log=completions,
                       verifier_fingerprints=fingerprints, n_train_prompts=len(set(dataset["turn_id"])),
                       held_out_trajectories=sorted(held_out), grpo_config=kwargs)
 
 
 # -- the grpo_run stage ---------------------------------------------------------------------------
+
+
+def grpo_run_status(wh: "Warehouse", cfg: "PivotConfig", verifiers) -> dict:
+    """The grpo_run run: {key, model_dir, precision, skipped (a model with this key and its table are there)}."""
+    from .runs import GRPO_DIR, grpo_key, is_done, training_device
+
+    out, key = wh.model_dir(GRPO_DIR), grpo_key(wh, cfg, verifiers.fingerprint)
+    return {"key": key, "model_dir": str(out), "precision": resolve_dtype(cfg.training.dtype, training_device()),
+            "skipped": is_done(out, key) and wh.exists("grpo_steps")}
 
 
 def run_local_grpo(wh: "Warehouse", cfg: "PivotConfig", verifiers, log: Callable[[str], None]) -> dict:
@@ -390,15 +414,14 @@ def run_local_grpo(wh: "Warehouse", cfg: "PivotConfig", verifiers, log: Callable
     from pivot_assets.core.catalog import SET_TABLES
     from pivot_assets.core.progress import Progress
 
-    from .runs import GRPO_DIR, grpo_key, has_cuda, init_model, is_done, training_device, write_marker
+    from .runs import has_cuda, init_model, training_device, write_marker
     from .split import not_in_pool
 
-    out, key = wh.model_dir(GRPO_DIR), grpo_key(wh, cfg, verifiers.fingerprint)
-    precision = resolve_dtype(cfg.training.dtype, training_device())
-    result = {"key": key, "model_dir": str(out), "precision": precision}
-    if is_done(out, key) and wh.exists("grpo_steps"):
-        log(f"grpo_run is up to date ({key}): not retraining")
-        return {**result, "skipped": True}
+    result = grpo_run_status(wh, cfg, verifiers)
+    if result["skipped"]:
+        log(f"grpo_run is up to date ({result['key']}): not retraining")
+        return result
+    out, key, precision = Path(result["model_dir"]), result["key"], result["precision"]
     table = SET_TABLES[cfg.training.set]
     dataset = datasets.load_from_disk(str(wh.root / "exports" / f"{table}_hf"))
     if len(dataset) == 0:
@@ -419,11 +442,16 @@ def run_local_grpo(wh: "Warehouse", cfg: "PivotConfig", verifiers, log: Callable
 
     run = run_grpo(init_model(wh, cfg), dataset, verifiers, cfg.training, out, cpu_smoke=cpu_smoke,
                    precision=precision, on_step=on_step, threads=cfg.runtime.threads, held_out=held_out,
-                   device=training_device(), fmt=PromptFormat.from_policy(cfg.policy))
+                   device=training_device(), fmt=PromptFormat.from_policy(cfg.policy), run_key=key,
+                   log_line=log)
+    from .launcher import is_main_process
+
+    if not is_main_process():  # a launched run's other ranks trained beside the main one, which writes
+        return result
     wh.write_table("grpo_steps", pa.Table.from_pylist([{**r, "run_key": key} for r in run.steps]))
     wh.write_table("grpo_completions", pa.Table.from_pylist(
         [{**{k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in r.items()}, "run_key": key}
          for r in run.completions_log]))
     write_marker(out, key)
-    return {**result, "skipped": False, "train_s": time.perf_counter() - t0, "train_prompts": run.n_train_prompts,
+    return {**result, "train_s": time.perf_counter() - t0, "train_prompts": run.n_train_prompts,
             "verifier_fingerprints": run.verifier_fingerprints, "grpo_config": run.grpo_config}

@@ -77,6 +77,16 @@ def sft_identity(cfg: PivotConfig) -> dict:
             "split": ConversationSplit.from_config(cfg).identity}
 
 
+def sft_run_identity(cfg: PivotConfig) -> dict:
+    """sft_policy's identity: the SFT model's, and the world size it is launched with (training.launcher)."""
+    return {**sft_identity(cfg), **identity.launch_identity(cfg.training)}
+
+
+def grpo_run_identity(cfg: PivotConfig, device: str = "cpu") -> dict:
+    """grpo_run's identity: the training section's, and the world size it is launched with (training.launcher)."""
+    return {**training_identity(cfg, device), **identity.launch_identity(cfg.training)}
+
+
 def training_identity(cfg: PivotConfig, device: str = "cpu") -> dict:
     return identity.training_identity(cfg.training, device)
 
@@ -102,7 +112,7 @@ def trajectories_version(wh: Warehouse) -> str:
 
 
 def sft_key(wh: Warehouse, cfg: PivotConfig) -> str:
-    return fingerprint({**sft_identity(cfg), "data": trajectories_version(wh),
+    return fingerprint({**sft_run_identity(cfg), "data": trajectories_version(wh),
                         "base": model_fingerprint(base_model(cfg), cfg)})
 
 
@@ -116,7 +126,7 @@ def grpo_key(wh: Warehouse, cfg: PivotConfig, verifier_fp: str) -> str:
     from .split import config_split, split_fingerprint
 
     return fingerprint({
-        "training": training_identity(cfg, training_device()), "pivots": wh.data_version(SET_TABLES[cfg.training.set]),
+        "training": grpo_run_identity(cfg, training_device()), "pivots": wh.data_version(SET_TABLES[cfg.training.set]),
         "init": model_fingerprint(init_model(wh, cfg), cfg), "verifier": verifier_fp, "cpu_smoke": not has_cuda(),
         "split": split_fingerprint(wh, config_split(cfg)),
     })

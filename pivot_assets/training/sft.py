@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import time
+from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
@@ -29,6 +30,8 @@ from pivot_assets.core.hardware import Precision, configure_torch, resolve_dtype
 from pivot_assets.core.identity import fingerprint
 from pivot_assets.core.shapes import as_canonical_messages, as_list, to_template_messages
 from pivot_assets.policies.models import PromptFormat, load_model, load_tokenizer, render_chat
+
+from .launcher import barrier, gather_lists, is_main_process, world_size
 
 log = logging.getLogger(__name__)
 
@@ -248,14 +251,36 @@ def save_model_atomic(model, tokenizer, out_dir: str | os.PathLike) -> Path:
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    return _swap_in(tmp, out)
+
+
+def _swap_in(tmp: Path, out: Path) -> Path:
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
     if out.exists():
         out.rename(old)
     tmp.rename(out)
     shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+def save_trained(trainer, tokenizer, out_dir: str | os.PathLike) -> Path:
+    """The trained model into out_dir, atomically. One process: save_model_atomic. Launched ranks: every rank calls
+    trainer.save_model (it gathers ZeRO-3 / FSDP shards; the main rank writes), then the main rank swaps it in."""
+    if world_size() == 1:
+        return save_model_atomic(trainer.model, tokenizer, out_dir)
+    out = Path(out_dir)
+    tmp = out.parent / f".{out.name}.tmp-launched"
+    if is_main_process():
+        shutil.rmtree(tmp, ignore_errors=True)
+    barrier()
+    trainer.save_model(str(tmp))
+    if is_main_process():
+        tokenizer.save_pretrained(tmp)
+        _swap_in(tmp, out)
+    barrier()
     return out
 
 
@@ -345,19 +370,29 @@ def _dataset(examples: list[dict]):
 
 
 class _CountingCollator:
-    """Wraps TRL's collator: drops example_key (recording it in `seen`) and counts each optimizer step's tokens."""
+    """Wraps TRL's collator: drops example_key and queues each batch's (keys, tokens, loss tokens). The queue is
+    drained per optimizer step (take_step): a launched run's data loader collates a batch ahead of the step that
+    trains it, so counting at collate time would credit the next step's batch to this one."""
 
     def __init__(self, inner, seen: set[str] | None) -> None:
         self.inner, self.seen = inner, seen
-        self.tokens = self.loss_tokens = 0
+        self.batches: deque[tuple[list[str], int, int]] = deque()
 
     def __call__(self, features: list[dict]) -> dict:
-        keys = [f.pop("example_key", None) for f in features]
-        if self.seen is not None:
-            self.seen.update(k for k in keys if k is not None)
-        self.tokens += sum(len(f["input_ids"]) for f in features)
-        self.loss_tokens += sum(sum(1 for t in f["labels"] if t != IGNORE_INDEX) for f in features)
+        keys = [k for k in (f.pop("example_key", None) for f in features) if k is not None]
+        self.batches.append((keys, sum(len(f["input_ids"]) for f in features),
+                             sum(sum(1 for t in f["labels"] if t != IGNORE_INDEX) for f in features)))
         return self.inner(features)
+
+    def take_step(self, batches: int) -> tuple[int, int]:
+        """(tokens, loss tokens) of the next optimizer step's `batches` micro-batches; their keys go to `seen`."""
+        tokens = loss_tokens = 0
+        for _ in range(min(batches, len(self.batches))):
+            keys, n, n_loss = self.batches.popleft()
+            tokens, loss_tokens = tokens + n, loss_tokens + n_loss
+            if self.seen is not None:
+                self.seen.update(keys)
+        return tokens, loss_tokens
 
 
 def _step_rows_callback(collator: _CountingCollator, on_step: Callable[[dict], None] | None, rows: list[dict]):
@@ -372,10 +407,10 @@ def _step_rows_callback(collator: _CountingCollator, on_step: Callable[[dict], N
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not logs or "loss" not in logs:
                 return
+            tokens, loss_tokens = collator.take_step(args.gradient_accumulation_steps)
             row = {"step": state.global_step, "loss": float(logs["loss"]), "lr": float(logs.get("learning_rate", 0.0)),
-                   "tokens": collator.tokens, "loss_tokens": collator.loss_tokens,
+                   "tokens": tokens, "loss_tokens": loss_tokens,
                    "seconds": time.perf_counter() - getattr(self, "t0", time.perf_counter())}
-            collator.tokens = collator.loss_tokens = 0
             rows.append(row)
             if on_step is not None:
                 on_step(row)
@@ -429,9 +464,22 @@ def train_sft(
         log.info("SFT: resuming from %s", resume)
     trainer.train(resume_from_checkpoint=resume)
     trainer.model.eval()
-    save_model_atomic(trainer.model, tokenizer, out)
-    shutil.rmtree(work_dir, ignore_errors=True)
+    save_trained(trainer, tokenizer, out)
+    if seen is not None:  # each launched rank trains on its share of every batch
+        seen.update(gather_lists(sorted(seen)))
+    rows = _all_ranks_tokens(rows)
+    if is_main_process():
+        shutil.rmtree(work_dir, ignore_errors=True)
     return rows
+
+
+def _all_ranks_tokens(rows: list[dict]) -> list[dict]:
+    """Each step's token counts summed over the launched ranks (each collated its share of the batch)."""
+    if world_size() == 1:
+        return rows
+    per_rank = gather_lists([[(r["tokens"], r["loss_tokens"]) for r in rows]])
+    return [{**r, "tokens": sum(p[i][0] for p in per_rank), "loss_tokens": sum(p[i][1] for p in per_rank)}
+            for i, r in enumerate(rows)]
 
 
 # -- the sft_policy stage -------------------------------------------------------------------------
@@ -450,6 +498,15 @@ def no_examples_reason(rejections: list[tuple[str, str]], max_length: int) -> st
             "training.warmup_fraction or add inputs)")
 
 
+def sft_run_status(wh: "Warehouse", cfg: "PivotConfig") -> dict:
+    """The sft_policy run: {key, model_dir, precision, skipped (a model with this key and its table are there)}."""
+    from .runs import SFT_DIR, is_done, sft_key
+
+    out, key = wh.model_dir(SFT_DIR), sft_key(wh, cfg)
+    return {"key": key, "model_dir": str(out), "precision": resolve_dtype(cfg.sft.dtype, cfg.policy.device),
+            "skipped": is_done(out, key) and wh.exists("sft_steps")}
+
+
 def train_sft_policy(wh: "Warehouse", cfg: "PivotConfig", log: Callable[[str], None]) -> dict:
     """The sft_policy stage: train on the expert turns of the warm-up split's trajectories (every trajectory
     outside the held-out split when training.warmup_fraction is 0) and save an HF dir under the warehouse, unless a
@@ -459,16 +516,15 @@ def train_sft_policy(wh: "Warehouse", cfg: "PivotConfig", log: Callable[[str], N
     """
     from pivot_assets.core.progress import Progress
 
-    from .runs import SFT_DIR, base_model, is_done, sft_key, write_marker
+    from .runs import base_model, write_marker
     from .split import HELD_OUT, POOL, WARMUP, config_split
 
-    out, key = wh.model_dir(SFT_DIR), sft_key(wh, cfg)
-    device, fmt = cfg.policy.device, PromptFormat.from_policy(cfg.policy)
-    precision = resolve_dtype(cfg.sft.dtype, device)
-    result = {"key": key, "model_dir": str(out), "precision": precision}
-    if is_done(out, key) and wh.exists("sft_steps"):
-        log(f"sft_policy is up to date ({key}): not retraining")
-        return {**result, "skipped": True}
+    result = sft_run_status(wh, cfg)
+    if result["skipped"]:
+        log(f"sft_policy is up to date ({result['key']}): not retraining")
+        return result
+    out, key = Path(result["model_dir"]), result["key"]
+    device, fmt, precision = cfg.policy.device, PromptFormat.from_policy(cfg.policy), result["precision"]
     split = config_split(cfg)
     held_out = split.trajectories(wh, HELD_OUT)
     warmup = split.trajectories(wh, WARMUP) if split.warmup_fraction else split.trajectories(wh, WARMUP, POOL)
@@ -491,9 +547,10 @@ def train_sft_policy(wh: "Warehouse", cfg: "PivotConfig", log: Callable[[str], N
                      device=device, fmt=fmt, on_step=lambda r: progress.update(1, f"loss {r['loss']:.4f}, {r['tokens'] / r['seconds']:.0f} tokens/s"))
     import pyarrow as pa
 
-    wh.write_table("sft_steps", pa.Table.from_pylist(rows))
-    write_marker(out, key)
-    return {**result, "skipped": False, "n_examples": len(examples), "n_held_out": len(held_out),
+    if is_main_process():  # a launched run's other ranks trained beside it
+        wh.write_table("sft_steps", pa.Table.from_pylist(rows))
+        write_marker(out, key)
+    return {**result, "n_examples": len(examples), "n_held_out": len(held_out),
             "n_warmup_trajectories": len(trajectories),
             "not_trained_on": len(rejections), "train_s": time.perf_counter() - t0}
 

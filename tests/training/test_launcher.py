@@ -1,0 +1,148 @@
+"""Training as a launched job (training.launcher: accelerate): the command, the keys, and sft_policy and grpo_run
+through `pivot run` with 2 CPU processes (DDP over gloo): the same tables as in-process with every rank's rows, one
+model, a cached rerun, and a kill -9 of the launcher that takes its ranks with it and a rerun that resumes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pivot_assets.core.config import PivotConfig
+from pivot_assets.core.identity import fingerprint
+from pivot_assets.training.launcher import ENTRY, launch_command
+from pivot_assets.training.runs import grpo_run_identity, sft_run_identity
+
+
+def _training(**kw) -> PivotConfig:
+    return PivotConfig.model_validate({"training": kw})
+
+
+def test_plain_ddp_command_starts_torchrun_ranks_of_the_entry(tmp_path):
+    cmd = launch_command(_training(launcher="accelerate", num_processes=2).training, tmp_path, "grpo",
+                         tmp_path / "c.json", on_gpu=False)
+    assert cmd[:3] == [sys.executable, "-m", "pivot_assets.training.launcher"]
+    assert "--multi_gpu" in cmd and cmd[cmd.index("--num_processes") + 1] == "2"  # --cpu would start one process
+    assert cmd[cmd.index(ENTRY) - 1] == "-m" and cmd[-4:] == ["--stage", "grpo", "--config", str(tmp_path / "c.json")]
+
+
+def test_a_config_file_decides_the_distributed_type_and_a_missing_one_is_one_line(tmp_path):
+    (tmp_path / "zero3.yaml").write_text("distributed_type: DEEPSPEED\n")
+    training = _training(launcher="accelerate", accelerate_config="zero3.yaml").training
+    cmd = launch_command(training, tmp_path, "sft", tmp_path / "c.json", on_gpu=True)
+    assert cmd[cmd.index("--config_file") + 1] == str(tmp_path / "zero3.yaml") and "--multi_gpu" not in cmd
+    with pytest.raises(ValueError, match="no such file"):
+        launch_command(_training(launcher="accelerate", accelerate_config="nope.yaml").training, tmp_path, "sft",
+                       tmp_path / "c.json", on_gpu=True)
+
+
+def test_the_world_size_is_in_the_run_keys_and_one_process_trains_as_in_process():
+    inprocess, one = _training(), _training(launcher="accelerate", num_processes=1)
+    two = _training(launcher="accelerate", num_processes=2)
+    for identity in (grpo_run_identity, sft_run_identity):
+        assert fingerprint(identity(inprocess)) == fingerprint(identity(one))
+        assert fingerprint(identity(two)) != fingerprint(identity(inprocess))
+
+
+def test_the_shipped_accelerate_configs_parse():
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    shipped = sorted((Path(__file__).parents[2] / "configs" / "accelerate").glob("*.yaml"))
+    assert {p.stem for p in shipped} >= {"deepspeed_zero3", "fsdp"}
+    for path in shipped:
+        assert load_config_from_file(str(path)).num_processes >= 1, path
+
+
+CONFIG = """
+warehouse: ./wh
+sample: {n_trajectories: 12, seed: 3}
+sft: {steps: 1, batch_size: 1, max_length: 512}
+policy: {backend: transformers, model: sft, k: 2, max_new_tokens: 8, dtype: auto, device: cpu}
+verifier:
+  default: {name: string_similarity, graded: true, facts: ignore}
+pivots: {lambda_diff: 0.95, max_per_trajectory: 1}
+training: {set: adv, init: sft, steps: STEPS, num_generations: 2, max_completion_length: 6, eval_fraction: 0.4,
+           warmup_fraction: 0.5, launcher: accelerate, num_processes: 2, save_steps: 1}
+runtime: {workers: 1}
+"""
+
+
+def _pivot(tmp_path: Path, *args: str, **kw) -> subprocess.Popen:
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster_home"), "HF_HUB_OFFLINE": "1"}
+    env.pop("PIVOT_CONFIG", None)
+    return subprocess.Popen([str(Path(sys.executable).parent / "pivot"), *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def _ranks() -> list[int]:
+    """Pids of launched ranks and launchers on this machine (from /proc cmdlines)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError):
+            continue
+        if "pivot_assets.training.launche" in cmdline and proc.name.isdigit():
+            pids.append(int(proc.name))
+    return pids
+
+
+def _sql(tmp_path: Path, query: str) -> list[tuple]:
+    import duckdb
+
+    with duckdb.connect(str(tmp_path / "wh" / "pivot.duckdb"), read_only=True) as con:
+        return con.execute(query).fetchall()
+
+
+@pytest.mark.slow
+def test_sft_and_grpo_launched_on_two_processes_then_a_killed_launcher_resumes(tmp_path, embedded_model_dir):
+    (tmp_path / "pivot.yaml").write_text(CONFIG.replace("STEPS", "1"))
+    first = _pivot(tmp_path, "run", "--select", "*grpo_run")
+    out = first.communicate(timeout=1500)[0]
+    assert first.returncode == 0, out[-3000:]
+    assert "sft: 2 processes" in out and "grpo: 2 processes" in out and "[pipes]" in out
+    assert "grpo steps: 1/1" in out  # the main rank's progress reached the run's log through Pipes
+    # every rank's completions: 1 step x 2 ranks x one group of num_generations each
+    assert _sql(tmp_path, "select count(*), count(distinct run_key) from grpo_completions") == [(4, 1)]
+    assert _sql(tmp_path, "select count(*) from sft_steps where tokens > 0") == [(1,)]
+    models = tmp_path / "wh" / "models"
+    assert sorted(p.name for p in models.iterdir()) == ["grpo_policy", "sft_policy"]  # no checkpoint or tmp left
+    assert (models / "grpo_policy" / ".pivot_key").is_file() and (models / "grpo_policy" / "config.json").is_file()
+
+    cached = _pivot(tmp_path, "run", "--select", "sft_policy,grpo_run")
+    out = cached.communicate(timeout=300)[0]
+    assert cached.returncode == 0 and "processes:" not in out and out.count("up to date") >= 2, out[-3000:]
+
+    # a longer run (a new key), its launcher killed with -9 once a checkpoint is complete
+    (tmp_path / "pivot.yaml").write_text(CONFIG.replace("STEPS", "3"))
+    run = _pivot(tmp_path, "run", "--select", "grpo_run", start_new_session=True)
+    deadline = time.monotonic() + 900
+    checkpoint = None
+    while checkpoint is None and time.monotonic() < deadline and run.poll() is None:
+        done = [p for p in models.glob(".grpo_policy.trainer-*/checkpoint-*") if (p / "trainer_state.json").exists()]
+        checkpoint = done[0] if done else time.sleep(1)
+    assert checkpoint is not None, run.communicate()[0][-3000:]
+    launchers = [p for p in _ranks() if b"training.launcher " in Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ")]
+    assert len(launchers) == 1 and len(_ranks()) == 3
+    os.kill(launchers[0], signal.SIGKILL)
+    gone_by = time.monotonic() + 30
+    while _ranks() and time.monotonic() < gone_by:
+        time.sleep(0.5)
+    assert _ranks() == [], "the ranks outlived their launcher"
+    out = run.communicate(timeout=120)[0]
+    assert run.returncode != 0, out[-2000:]
+
+    rerun = _pivot(tmp_path, "run", "--select", "grpo_run")
+    out = rerun.communicate(timeout=900)[0]
+    assert rerun.returncode == 0, out[-3000:]
+    assert "resuming from" in out and checkpoint.name in out, out[-3000:]
+    steps = _sql(tmp_path, "select step from grpo_steps order by step")
+    assert steps == [(1,), (2,), (3,)]  # the checkpoint's log history and the resumed steps
+    done_step = int(checkpoint.name.split("-")[-1])
+    assert {s for (s,) in _sql(tmp_path, "select distinct step from grpo_completions")} == set(range(done_step + 1, 4))
+    assert sorted(p.name for p in models.iterdir()) == ["grpo_policy", "sft_policy"]
