@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
@@ -55,8 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _under_pipes() -> bool:
-    import os
-
+    """Started by the asset's Pipes client (a rank started by hand prints instead)."""
     return "DAGSTER_PIPES_CONTEXT" in os.environ
 
 

@@ -11,11 +11,7 @@ A launched process exits when its parent does (`exit_with_parent`): kill -9 of t
 it, and kill -9 of the Dagster step takes the launcher. Checkpoints are named by the run's key, so a rerun of the
 same run resumes from the last complete one.
 
-GPU memory arithmetic (AdamW, fp32 master weights, bf16 autocast; activations and vLLM's share come on top):
-weights 4 B + gradients 4 B + Adam moments 8 B = 16 B per parameter. 7B: 112 GB in one process (no single
-80 GB GPU); ZeRO-3 or FSDP over 8 GPUs shards all of it: 14 GB each. 30B (Qwen3-30B-A3B, all experts trained):
-480 GB, 60 GB a GPU over 8 (tight on 80 GB with activations: 16 GPUs, 30 GB each, or ZeRO-3 CPU offload of the
-optimizer state: 8 B x 30B = 240 GB of host memory).
+GPU configs and their memory arithmetic for 7B and 30B: docs/evaluation.md, "Training past one process".
 """
 
 from __future__ import annotations
@@ -26,7 +22,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable
 
 ENTRY = "pivot_assets.training.launched"
 STAGES = ("grpo", "sft")
@@ -123,7 +118,7 @@ def launch_env() -> dict[str, str]:
     return {"PYTHONUNBUFFERED": "1"}
 
 
-def run_accelerate(argv: list[str], log: Callable[[str], None] = print) -> None:
+def run_accelerate(argv: list[str]) -> None:
     """accelerate launch with `argv`, in this process, which exits when its parent does."""
     from accelerate.commands.launch import launch_command as accelerate_launch, launch_command_parser
 
