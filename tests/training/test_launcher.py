@@ -58,18 +58,17 @@ def test_the_shipped_accelerate_configs_parse():
         assert load_config_from_file(str(path)).num_processes >= 1, path
 
 
-CONFIG = """
-warehouse: ./wh
-sample: {n_trajectories: 12, seed: 3}
-sft: {steps: 1, batch_size: 1, max_length: 512}
-policy: {backend: transformers, model: sft, k: 2, max_new_tokens: 8, dtype: auto, device: cpu}
-verifier:
-  default: {name: string_similarity, graded: true, facts: ignore}
-pivots: {lambda_diff: 0.95, max_per_trajectory: 1}
-training: {set: adv, init: sft, steps: STEPS, num_generations: 2, max_completion_length: 6, eval_fraction: 0.4,
-           warmup_fraction: 0.5, launcher: accelerate, num_processes: 2, save_steps: 1}
-runtime: {workers: 1}
-"""
+def _config(steps: int) -> str:
+    """The training-assets test's tiny config, launched on 2 processes, without its ablation: SFT and GRPO shortened."""
+    import yaml
+
+    from .test_training_assets import CONFIG
+
+    cfg = {k: v for k, v in yaml.safe_load(CONFIG).items() if k not in ("ablation", "runtime")}
+    cfg["sft"].update(steps=1, batch_size=1, max_length=512)
+    cfg["policy"].update(max_new_tokens=8, dtype="auto")
+    cfg["training"].update(steps=steps, max_completion_length=6, launcher="accelerate", num_processes=2, save_steps=1)
+    return yaml.safe_dump(cfg)
 
 
 def _pivot(tmp_path: Path, *args: str, **kw) -> subprocess.Popen:
@@ -101,7 +100,7 @@ def _sql(tmp_path: Path, query: str) -> list[tuple]:
 
 @pytest.mark.slow
 def test_sft_and_grpo_launched_on_two_processes_then_a_killed_launcher_resumes(tmp_path, embedded_model_dir):
-    (tmp_path / "pivot.yaml").write_text(CONFIG.replace("STEPS", "1"))
+    (tmp_path / "pivot.yaml").write_text(_config(steps=1))
     first = _pivot(tmp_path, "run", "--select", "*grpo_run")
     out = first.communicate(timeout=1500)[0]
     assert first.returncode == 0, out[-3000:]
@@ -119,7 +118,7 @@ def test_sft_and_grpo_launched_on_two_processes_then_a_killed_launcher_resumes(t
     assert cached.returncode == 0 and "processes:" not in out and out.count("up to date") >= 2, out[-3000:]
 
     # a longer run (a new key), its launcher killed with -9 once a checkpoint is complete
-    (tmp_path / "pivot.yaml").write_text(CONFIG.replace("STEPS", "2"))
+    (tmp_path / "pivot.yaml").write_text(_config(steps=2))
     run = _pivot(tmp_path, "run", "--select", "grpo_run", start_new_session=True)
     deadline = time.monotonic() + 900
     checkpoint = None
