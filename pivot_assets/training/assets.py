@@ -66,7 +66,14 @@ def launched_result(context: dg.AssetExecutionContext, cfg: PivotConfig, stage: 
         config_json.write_text(cfg.model_dump_json())
         command = launch_command(cfg.training, Path(cfg.base_dir), stage, config_json, on_gpu)
         context.log.info(f"{stage}: {cfg.training.num_processes} processes: {shlex.join(command)}")
-        invocation = dg.PipesSubprocessClient().run(context=context, command=command, env=launch_env())
+        try:
+            invocation = dg.PipesSubprocessClient().run(context=context, command=command, env=launch_env())
+        except Exception:  # Pipes says "failed with code 1": say what the ranks raised, where they wrote it
+            errors = sorted(Path(tmp).glob("error-rank*.txt"))
+            if not errors:
+                raise
+            raise RuntimeError(f"{stage} (launched): " + "; ".join(
+                f"{p.stem.removeprefix('error-')}: {p.read_text()}" for p in errors)) from None
     messages = invocation.get_custom_messages()
     if not messages:
         raise RuntimeError(f"{stage}: the launched run exited without reporting a result (see its log above)")

@@ -39,9 +39,19 @@ def run_stage(stage: str, config_json: Path, log) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--stage", choices=("grpo", "sft"), required=True)
-    parser.add_argument("--config", type=Path, required=True, help="the run's PivotConfig as JSON")
+    parser.add_argument("--config", type=Path, required=True, help=(
+        "the run's PivotConfig as JSON; a failing rank writes its error beside it (error-rank<N>.txt)"))
     args = parser.parse_args(argv)
     exit_with_parent()
+    try:
+        return _run_rank(args)
+    except BaseException as exc:  # the asset raises this line instead of the launcher's exit code
+        error = args.config.parent / f"error-rank{os.environ.get('RANK', '0')}.txt"
+        error.write_text(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        raise
+
+
+def _run_rank(args: argparse.Namespace) -> int:
     if not is_main_process():
         run_stage(args.stage, args.config, lambda line: print(line, file=sys.stderr, flush=True))
         return 0

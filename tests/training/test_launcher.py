@@ -145,3 +145,23 @@ def test_sft_and_grpo_launched_on_two_processes_then_a_killed_launcher_resumes(t
     done_step = int(checkpoint.name.split("-")[-1])
     assert {s for (s,) in _sql(tmp_path, "select distinct step from grpo_completions")} == set(range(done_step + 1, 3))
     assert sorted(p.name for p in models.iterdir()) == ["grpo_policy", "sft_policy"]
+
+
+@pytest.mark.slow
+def test_a_failing_rank_fails_the_asset_with_its_own_error_in_one_line(tmp_path, embedded_model_dir):
+    """Pipes alone would say "External execution process failed with code 1"; the asset says what the rank raised."""
+    import dagster as dg
+
+    from pivot_assets.training.assets import launched_result
+
+    cfg = PivotConfig.model_validate({"warehouse": str(tmp_path / "wh"), "base_dir": str(tmp_path),
+                                      "training": {"launcher": "accelerate", "num_processes": 1}})
+
+    @dg.asset
+    def launched(context) -> None:  # no annotation: this module's annotations are strings
+        launched_result(context, cfg, "sft")
+
+    result = dg.materialize([launched], raise_on_error=False, instance=dg.DagsterInstance.ephemeral())
+    error = result.get_step_failure_events()[0].event_specific_data.error.cause  # what the asset raised
+    assert error.cls_name == "RuntimeError" and len(error.message.strip().splitlines()) == 1, error.message
+    assert error.message.startswith("RuntimeError: sft (launched): rank0: FileNotFoundError: table 'trajectories'")
