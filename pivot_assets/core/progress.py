@@ -42,6 +42,13 @@ class Progress:
             self._last_log = now
             self.log(line)
 
+    def reach(self, done: int, note: str = "") -> None:
+        """Advance to `done` units, the last of them just worked: those before it that this run never saw were done
+        by an earlier run (a training run resumed from its checkpoint) and count as cached."""
+        if done - 1 > self.done:
+            self.update(done - 1 - self.done, cached=True)
+        if done > self.done:
+            self.update(done - self.done, note)
 
     def pace(self) -> str:
         """The rate and ETA of the units that did work; none yet when every unit so far was cached."""

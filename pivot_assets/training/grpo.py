@@ -444,7 +444,7 @@ def run_local_grpo(wh: "Warehouse", cfg: "PivotConfig", verifiers, log: Callable
 
     def on_step(row: dict) -> None:
         metrics = ", ".join(f"{k} {row[k]:.4g}" for k in ("reward_mean", "reward_std", "loss") if row.get(k) is not None)
-        progress.update(1, metrics)
+        progress.reach(row["step"], metrics)
 
     t0 = time.perf_counter()
     held_out = not_in_pool(wh, cfg)  # held out and warm-up conversations

@@ -544,7 +544,7 @@ def train_sft_policy(wh: "Warehouse", cfg: "PivotConfig", log: Callable[[str], N
     progress = Progress(total=cfg.sft.steps, unit="sft steps", log=log, every_s=0)
     t0 = time.perf_counter()
     rows = train_sft(base_model(cfg), examples, cfg.sft, out, precision, threads=cfg.runtime.threads,
-                     device=device, fmt=fmt, on_step=lambda r: progress.update(1, f"loss {r['loss']:.4f}, {r['tokens'] / r['seconds']:.0f} tokens/s"))
+                     device=device, fmt=fmt, on_step=lambda r: progress.reach(r["step"], f"loss {r['loss']:.4f}, {r['tokens'] / r['seconds']:.0f} tokens/s"))
     import pyarrow as pa
 
     if is_main_process():  # a launched run's other ranks trained beside it
@@ -591,6 +591,6 @@ def train_same_data_sft(model: str, turns: list[dict], options: "SFTSection", ou
     progress = Progress(total=options.steps, unit="sft steps", log=log, every_s=0)
     seen: set[str] = set()
     rows = train_sft(model, examples, options, out_dir, precision, threads=threads, device=device, fmt=fmt,
-                     on_step=lambda r: progress.update(1, f"loss {r['loss']:.4f}"), seen=seen)
+                     on_step=lambda r: progress.reach(r["step"], f"loss {r['loss']:.4f}"), seen=seen)
     return {"rows": rows, "n_examples": len(examples), "rejections": rejections, "steps": options.steps,
             "truncated": sum(1 for e in examples if e["truncated"]), "turns_trained": seen}

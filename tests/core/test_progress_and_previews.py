@@ -19,6 +19,16 @@ def test_cached_units_make_no_rate_and_worked_ones_do():
     assert "ETA" in lines[-1]
 
 
+def test_a_resumed_run_counts_the_checkpointed_steps_as_cached_and_ends_at_its_total():
+    lines: list[str] = []
+    p = Progress(total=3, unit="grpo steps", log=lines.append, every_s=0)
+    p.reach(3, "loss 0.1")  # steps 1 and 2 came from the checkpoint
+    assert lines[0] == "grpo steps: 2/3 (cached)" and lines[-1].startswith("grpo steps: 3/3 (")
+    assert p.worked == 1
+    p.reach(3)  # the same step again moves nothing
+    assert p.done == 3 and len(lines) == 2
+
+
 def test_previews_lead_with_the_id_then_the_figures_and_leave_out_fingerprints():
     import polars as pl
 

@@ -1,6 +1,7 @@
 """Training as a launched job (training.launcher: accelerate): the command, the keys, and sft_policy and grpo_run
-through `pivot run` with 2 CPU processes (DDP over gloo): the same tables as in-process with every rank's rows, one
-model, a cached rerun, and a kill -9 of the launcher that takes its ranks with it and a rerun that resumes."""
+through `pivot run` with 2 CPU processes (DDP over gloo): a kill -9 of the launcher takes its ranks with it, the rerun
+resumes from the checkpoint and writes the same tables as in-process with every rank's rows and one model, and the
+next rerun is cached."""
 
 from __future__ import annotations
 
@@ -98,36 +99,26 @@ def _sql(tmp_path: Path, query: str) -> list[tuple]:
         return con.execute(query).fetchall()
 
 
-@pytest.mark.slow
-def test_sft_and_grpo_launched_on_two_processes_then_a_killed_launcher_resumes(tmp_path, embedded_model_dir):
-    (tmp_path / "pivot.yaml").write_text(_config(steps=1))
-    first = _pivot(tmp_path, "run", "--select", "*grpo_run")
-    out = first.communicate(timeout=1500)[0]
-    assert first.returncode == 0, out[-3000:]
-    assert "sft: 2 processes" in out and "grpo: 2 processes" in out and "[pipes]" in out
-    assert "grpo steps: 1/1" in out  # the main rank's progress reached the run's log through Pipes
-    # every rank's completions: 1 step x 2 ranks x one group of num_generations each
-    assert _sql(tmp_path, "select count(*), count(distinct run_key) from grpo_completions") == [(4, 1)]
-    assert _sql(tmp_path, "select count(*) from sft_steps where tokens > 0") == [(1,)]
-    models = tmp_path / "wh" / "models"
-    assert sorted(p.name for p in models.iterdir()) == ["grpo_policy", "sft_policy"]  # no checkpoint or tmp left
-    assert (models / "grpo_policy" / ".pivot_key").is_file() and (models / "grpo_policy" / "config.json").is_file()
-
-    cached = _pivot(tmp_path, "run", "--select", "sft_policy,grpo_run")
-    out = cached.communicate(timeout=300)[0]
-    assert cached.returncode == 0 and "processes:" not in out and out.count("up to date") >= 2, out[-3000:]
-
-    # a longer run (a new key), its launcher killed with -9 once a checkpoint is complete
-    (tmp_path / "pivot.yaml").write_text(_config(steps=2))
-    run = _pivot(tmp_path, "run", "--select", "grpo_run", start_new_session=True)
-    deadline = time.monotonic() + 900
-    checkpoint = None
-    while checkpoint is None and time.monotonic() < deadline and run.poll() is None:
+def _grpo_checkpoint(models: Path, run: subprocess.Popen, timeout: float = 900) -> Path:
+    """The first complete GRPO checkpoint of the running `run`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and run.poll() is None:
         done = [p for p in models.glob(".grpo_policy.trainer-*/checkpoint-*") if (p / "trainer_state.json").exists()]
-        checkpoint = done[0] if done else time.sleep(1)
-    assert checkpoint is not None, run.communicate()[0][-3000:]
+        if done:
+            return done[0]
+        time.sleep(1)
+    raise AssertionError(run.communicate()[0][-3000:])
+
+
+@pytest.mark.slow
+def test_sft_and_grpo_launched_on_two_processes_a_killed_launcher_resumes_and_a_rerun_is_cached(tmp_path,
+                                                                                                embedded_model_dir):
+    (tmp_path / "pivot.yaml").write_text(_config(steps=2))
+    models = tmp_path / "wh" / "models"
+    run = _pivot(tmp_path, "run", "--select", "*grpo_run", start_new_session=True)
+    checkpoint = _grpo_checkpoint(models, run)  # sft_policy has trained (launched) by then
     launchers = [p for p in _ranks() if b"training.launcher " in Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ")]
-    assert len(launchers) == 1 and len(_ranks()) == 3
+    assert len(launchers) == 1 and len(_ranks()) == 3  # grpo_run's launcher and its 2 ranks
     os.kill(launchers[0], signal.SIGKILL)
     gone_by = time.monotonic() + 30
     while _ranks() and time.monotonic() < gone_by:
@@ -135,16 +126,25 @@ def test_sft_and_grpo_launched_on_two_processes_then_a_killed_launcher_resumes(t
     assert _ranks() == [], "the ranks outlived their launcher"
     out = run.communicate(timeout=120)[0]
     assert run.returncode != 0, out[-2000:]
+    assert "sft: 2 processes" in out and "grpo: 2 processes" in out and "[pipes]" in out
 
-    rerun = _pivot(tmp_path, "run", "--select", "grpo_run")
+    rerun = _pivot(tmp_path, "run", "--select", "*grpo_run")
     out = rerun.communicate(timeout=900)[0]
     assert rerun.returncode == 0, out[-3000:]
-    assert "resuming from" in out and checkpoint.name in out, out[-3000:]
-    steps = _sql(tmp_path, "select step from grpo_steps order by step")
-    assert steps == [(1,), (2,)]  # the checkpoint's log history and the resumed step
+    assert "sft_policy is up to date" in out and "grpo: resuming from" in out and checkpoint.name in out, out[-3000:]
     done_step = int(checkpoint.name.split("-")[-1])
-    assert {s for (s,) in _sql(tmp_path, "select distinct step from grpo_completions")} == set(range(done_step + 1, 3))
-    assert sorted(p.name for p in models.iterdir()) == ["grpo_policy", "sft_policy"]
+    assert f"grpo steps: {done_step}/2 (cached)" in out and "grpo steps: 2/2 (" in out  # progress through Pipes
+    assert _sql(tmp_path, "select step from grpo_steps order by step") == [(1,), (2,)]  # checkpoint's + resumed
+    # every rank's completions of the resumed steps: 2 ranks x one group of num_generations=2 a step
+    assert _sql(tmp_path, "select step, count(*), count(distinct run_key) from grpo_completions group by step "
+                          "order by step") == [(s, 4, 1) for s in range(done_step + 1, 3)]
+    assert _sql(tmp_path, "select count(*) from sft_steps where tokens > 0") == [(1,)]
+    assert sorted(p.name for p in models.iterdir()) == ["grpo_policy", "sft_policy"]  # no checkpoint or tmp left
+    assert (models / "grpo_policy" / ".pivot_key").is_file() and (models / "grpo_policy" / "config.json").is_file()
+
+    cached = _pivot(tmp_path, "run", "--select", "sft_policy,grpo_run")
+    out = cached.communicate(timeout=300)[0]
+    assert cached.returncode == 0 and "processes:" not in out and out.count("up to date") >= 2, out[-3000:]
 
 
 @pytest.mark.slow
