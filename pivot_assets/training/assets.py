@@ -40,11 +40,11 @@ def run_metadata(result: dict) -> dict:
     return meta
 
 
-def train_stage(context: dg.AssetExecutionContext, cfg: PivotConfig, stage: str, status: dict,
+def train_stage(context: dg.AssetExecutionContext, cfg: PivotConfig, stage: str, status: Callable[[], dict],
                 inprocess: Callable[[], dict]) -> dict:
-    """The stage's result: trained in this process, or (training.launcher: accelerate, and not up to date) by
-    launched ranks whose main one reports through Dagster Pipes."""
-    if cfg.training.launcher == "inprocess" or status["skipped"]:
+    """The stage's result: trained in this process, or (training.launcher: accelerate, and `status` says not up to
+    date: asked only then, since the in-process stage checks it itself) by launched ranks reporting through Pipes."""
+    if cfg.training.launcher == "inprocess" or status()["skipped"]:
         return inprocess()
     return launched_result(context, cfg, stage)
 
@@ -86,7 +86,7 @@ def build_sft_asset(cfg: PivotConfig, wh: Warehouse):
     def sft_policy(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         """SmolLM2 fine-tuned on the expert turns (assistant tokens only), held-out trajectories excluded:
         the warm-up reference policy and the same-data SFT baseline."""
-        result = train_stage(context, cfg, "sft", sft_run_status(wh, cfg),
+        result = train_stage(context, cfg, "sft", lambda: sft_run_status(wh, cfg),
                              lambda: train_sft_policy(wh, cfg, context.log.info))
         extra = {k: result[k] for k in ("n_examples", "n_held_out", "n_warmup_trajectories", "not_trained_on")
                  if k in result}
@@ -106,7 +106,7 @@ def build_grpo_asset(cfg: PivotConfig, wh: Warehouse, reward: DomainVerifiers):
               code_version=fingerprint(grpo_run_identity(cfg)))
     def grpo_run(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         """TRL GRPOTrainer on the pivot set, one short turn per sample, rewarded by the local verifier."""
-        result = train_stage(context, cfg, "grpo", grpo_run_status(wh, cfg, reward),
+        result = train_stage(context, cfg, "grpo", lambda: grpo_run_status(wh, cfg, reward),
                              lambda: run_local_grpo(wh, cfg, reward, context.log.info))
         meta = run_metadata(result)
         if not result["skipped"]:
