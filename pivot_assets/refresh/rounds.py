@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -172,17 +173,22 @@ def effective_generations(cfg: "PivotConfig") -> int:
 
 
 # -- round 0 -------------------------------------------------------------------------------------------------
-def record_round_zero(wh: Warehouse, cfg: "PivotConfig", verifier_sets, log: Log) -> dict:
-    """Round 0 as the pipeline ran it: turn_profiles' buckets, the training set grpo_run trained on, its spend."""
+def round_zero_rows(wh: Warehouse, cfg: "PivotConfig", profiles: pl.DataFrame) -> pl.DataFrame:
+    """refresh_profiles' round-0 rows: the reference's profiles, their buckets, and the turns training.set holds."""
     from pivot_assets.training.split import not_in_pool
 
-    profiles = wh.read("turn_profiles")
     held = not_in_pool(wh, cfg)
     train = set(wh.read(SET_TABLES[cfg.training.set], ["turn_id"])["turn_id"].to_list())
-    rows = profiles.with_columns(
+    return profiles.with_columns(
         pl.lit(0).alias("round"), pl.col("policy_fp").alias("profiled_by"), bucket_expr(cfg.pivots.lambda_diff).alias("bucket"),
         pl.lit(False).alias("skipped"), pl.lit(False).alias("replayed"),
         (pl.col("turn_id").is_in(sorted(train)) & ~pl.col("trajectory_id").is_in(sorted(held))).alias("trained"))
+
+
+def record_round_zero(wh: Warehouse, cfg: "PivotConfig", verifier_sets, log: Log) -> dict:
+    """Round 0 as the pipeline ran it: turn_profiles' buckets, the training set grpo_run trained on, its spend."""
+    profiles = wh.read("turn_profiles")
+    rows = round_zero_rows(wh, cfg, profiles)
     policy_fp = profiles["policy_fp"][0] if profiles.height else ""
     sampling_fp = profiles["sampling_fp"][0] if profiles.height else ""
     steps = wh.read("grpo_steps").to_dicts() if wh.exists("grpo_steps") else []
@@ -196,12 +202,13 @@ def record_round_zero(wh: Warehouse, cfg: "PivotConfig", verifier_sets, log: Log
 
 
 # -- round r >= 1 --------------------------------------------------------------------------------------------
-def profile_round(wh: Warehouse, cfg: "PivotConfig", verifiers, r: int, turns: list[str], log: Log):
-    """Profile `turns` with round r-1's checkpoint: (Profiler, its profile rows, what this run generated)."""
+def profile_round(wh: Warehouse, cfg: "PivotConfig", verifiers, model: Path, turns: list[str], log: Log):
+    """Profile `turns` with `model` (round r-1's checkpoint): (Profiler, its profile rows, what this run
+    generated)."""
     from pivot_assets.core.split import ConversationSplit
     from pivot_assets.profiling.profiler import Profiler
 
-    policy = cfg.policy.model_copy(update={"model": str(checkpoint(wh, r - 1))})
+    policy = cfg.policy.model_copy(update={"model": str(model)})
     profiler = Profiler(wh, policy, verifiers, cfg.runtime.threads, seeding=cfg.profiling.seeding,
                         adaptive=cfg.profiling.adaptive, lambda_diff=cfg.pivots.lambda_diff,
                         split=ConversationSplit.from_config(cfg))
@@ -272,18 +279,33 @@ def train_round(wh: Warehouse, cfg: "PivotConfig", reward, r: int, train: pl.Dat
     return {**spend, "trained": True, "key": key}
 
 
-def run_round(wh: Warehouse, cfg: "PivotConfig", verifier_sets, r: int, log: Log) -> dict:
-    """Round r >= 1 (module docstring): profile, reselect, train, evaluate; writes the round's parts."""
+@dataclass
+class Reselection:
+    """What a round's profiling and reselection gave: the round's profiles (re-profiled or carried), its training
+    set, and what was skipped, replayed, held out and in the pool."""
+
+    current: pl.DataFrame
+    train: pl.DataFrame
+    replay: list[str]
+    skip: set[str]
+    held: set[str]
+    pool: set[str]
+    profiler: object
+    profiled: pl.DataFrame
+    generated: dict
+    policy_fp: str
+
+
+def reselect(wh: Warehouse, cfg: "PivotConfig", verifiers, previous: pl.DataFrame, model: Path, r: int,
+             log: Log) -> Reselection:
+    """Round r's steps 1-2 (module docstring): profile `previous`'s turns with `model` (those settled may be
+    skipped), reselect the pivot sets, add the replayed turns."""
     from pivot_assets.curation.selection import TURN_COLUMNS, select_pivots
     from pivot_assets.training.split import not_in_pool
 
-    previous = read_round(wh, r - 1)
-    if not (checkpoint(wh, r - 1) / "config.json").is_file():
-        raise ValueError(f"round {r - 1}'s model is missing at {checkpoint(wh, r - 1)}: materialize "
-                         f"{'grpo_run' if r == 1 else round_asset(r - 1)} first")
     skip = skipped_turns(previous, r, cfg)
     to_profile = [t for t in previous["turn_id"].to_list() if t not in skip]
-    profiler, profiled, generated = profile_round(wh, cfg, verifier_sets.profiling, r, to_profile, log)
+    profiler, profiled, generated = profile_round(wh, cfg, verifiers, model, to_profile, log)
     policy_fp, verifier_fp = profiler.policy_fp, profiler.verifiers.fingerprint
     missing = len(to_profile) - profiled.height
     if missing:
@@ -301,18 +323,30 @@ def run_round(wh: Warehouse, cfg: "PivotConfig", verifier_sets, r: int, log: Log
     pool = set(current.filter(~pl.col("trajectory_id").is_in(sorted(held)))["turn_id"].to_list())
     replay = replayed_turns(previous, r, cfg, pool)
     train = training_set(selection, current.drop("trajectory_id", "domain"), turns, cfg.training.set, replay)
-    spend = train_round(wh, cfg, verifier_sets.reward, r, train, held, log)
-    trained_ids = sorted(set(train["turn_id"].to_list()) & pool)
-    rows = current.with_columns(
+    return Reselection(current, train, replay, skip, held, pool, profiler, profiled, generated, policy_fp)
+
+
+def run_round(wh: Warehouse, cfg: "PivotConfig", verifier_sets, r: int, log: Log) -> dict:
+    """Round r >= 1 (module docstring): profile, reselect, train, evaluate; writes the round's parts."""
+    previous = read_round(wh, r - 1)
+    if not (checkpoint(wh, r - 1) / "config.json").is_file():
+        raise ValueError(f"round {r - 1}'s model is missing at {checkpoint(wh, r - 1)}: materialize "
+                         f"{'grpo_run' if r == 1 else round_asset(r - 1)} first")
+    step = reselect(wh, cfg, verifier_sets.profiling, previous, checkpoint(wh, r - 1), r, log)
+    spend = train_round(wh, cfg, verifier_sets.reward, r, step.train, step.held, log)
+    trained_ids = sorted(set(step.train["turn_id"].to_list()) & step.pool)
+    rows = step.current.with_columns(
         pl.lit(r).alias("round"), bucket_expr(cfg.pivots.lambda_diff).alias("bucket"),
-        pl.col("turn_id").is_in(replay).alias("replayed"), pl.col("turn_id").is_in(trained_ids).alias("trained"))
+        pl.col("turn_id").is_in(step.replay).alias("replayed"), pl.col("turn_id").is_in(trained_ids).alias("trained"))
     evaluation = evaluate(wh, cfg, verifier_sets.profiling, checkpoint(wh, r), log)
     grpo = {k: spend[k] for k in ("samples", "generated_tokens", "grpo_steps", "prompts_per_step", "num_generations")}
-    budget = budget_rows(r, policy_fp, profiling_spend(wh, policy_fp, profiler.sampling_fp, profiled), grpo, evaluation)
+    profiling = profiling_spend(wh, step.policy_fp, step.profiler.sampling_fp, step.profiled)
+    budget = budget_rows(r, step.policy_fp, profiling, grpo, evaluation)
     write_round(wh, r, rows, budget)
-    return {"round": r, "rows": rows, "budget": budget, "evaluation": evaluation, "policy_fp": policy_fp,
-            "generated": generated, "trained": spend["trained"], "key": spend["key"], "skipped": len(skip),
-            "replayed": len(replay), "train_turns": len(trained_ids), "grpo_reward_mean": spend.get("reward_mean")}
+    return {"round": r, "rows": rows, "budget": budget,
+            "evaluation": evaluation, "policy_fp": step.policy_fp, "generated": step.generated,
+            "trained": spend["trained"], "key": spend["key"], "skipped": len(step.skip), "replayed": len(step.replay),
+            "train_turns": len(trained_ids), "grpo_reward_mean": spend.get("reward_mean")}
 
 
 # -- what the assets show ------------------------------------------------------------------------------------

@@ -97,13 +97,17 @@ def local_accuracy(model_dir: str, pivot_rows: Iterable[dict], domain_verifiers,
     tokens = 0  # generated tokens, for a caller that accounts for rollouts (refresh/rounds.py)
     rows_plan = ({r.turn_id: [(i, sample_seed(seed, i)) for i in range(k)] for r in requests}
                  if capabilities(policy.backend).per_row_seeds else None)
-    for samples in engine.generate(requests, sampling, **({"rows": rows_plan} if rows_plan else {})):
-        for s in samples:
-            tokens += s.n_completion_tokens
-            row = by_turn[s.turn_id]
-            verifier = domain_verifiers.for_domain(row.get("domain"))
-            scores[s.turn_id].append(verifier.score(row["expert_action"], s.completion, tools=row.get("tools"),
-                                                    state=states[s.turn_id]))
+    try:
+        for samples in engine.generate(requests, sampling, **({"rows": rows_plan} if rows_plan else {})):
+            for s in samples:
+                tokens += s.n_completion_tokens
+                row = by_turn[s.turn_id]
+                verifier = domain_verifiers.for_domain(row.get("domain"))
+                scores[s.turn_id].append(verifier.score(row["expert_action"], s.completion, tools=row.get("tools"),
+                                                        state=states[s.turn_id]))
+    finally:  # an engine in its own processes stops now, not when collected: the next model's engine needs the core
+        if hasattr(engine, "close"):
+            engine.close()
     per_turn = []
     for row in rows:
         got = scores.get(row["turn_id"], [])
