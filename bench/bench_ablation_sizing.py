@@ -1,6 +1,7 @@
 """Sizing the BFCL ablation from small timed pieces, into bench/RESULTS_ablation_bfcl_sizing.md.
 
     .venv/bin/python bench/bench_ablation_sizing.py [--config configs/ablation_bfcl.yaml] [--turns 16]
+                                                    [--backends vllm,transformers]
                                                     [--out bench/RESULTS_ablation_bfcl_sizing.md]
 
 BFCL single-turn items (the config's categories, from the bfcl-eval package) are rendered through the embedded
@@ -13,8 +14,10 @@ and one torch thread per process:
     policy (and the base model once, which the ablation scores on one draw), at policy.batch_size rows per step;
   - GRPO: seconds per optimizer step (num_generations x max_completion_length; setup timed apart);
   - the OOD probe: seconds per item.
-Each piece records wall and CPU seconds: the machine is shared, so CPU seconds (what a core spends on it) are the
-estimate's unit. The estimate multiplies them by the config's counts (the split computed exactly from the items'
+Each sampling piece runs on every engine in --backends (side by side, the same warmed policy and prompts); an
+engine in its own processes (vLLM) also records its start, and evaluation on it scores one model at a time, so its
+pieces are costed in wall seconds (run it on an idle box). Each piece records wall and CPU seconds: the machine is
+shared, so CPU seconds (what a core spends on it) are the estimate's unit for what runs in this process. The estimate multiplies them by the config's counts (the split computed exactly from the items'
 ids, pool sizes from assumed D_adv / D_mixed shares): serial phases (warm-up, profiling) at one core, the arms and
 the evaluations on runtime.workers cores at full speed each. CPU seconds measured beside other jobs run slower
 than on an idle core, and two busy cores of this box give 1.5-1.6x one (bench/RESULTS_threads.md), which the
@@ -40,8 +43,18 @@ BFCL_DATA = ROOT / ".venv" / "lib" / "python3.11" / "site-packages" / "bfcl_eval
 
 
 def cpu_s() -> float:
+    """CPU seconds of this process and its live children (vLLM's engine core runs in a spawned child)."""
+    import psutil
+
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+    children = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            t = child.cpu_times()
+            children += t.user + t.system
+        except psutil.Error:  # gone between listing and reading
+            pass
+    return r.ru_utime + r.ru_stime + children
 
 
 class timed:
@@ -104,14 +117,28 @@ def time_sampling(cfg, model: str, items: list[dict], k: int, max_new_tokens: in
     from pivot_assets.policies.base import GenerationRequest, SamplingConfig
     from pivot_assets.policies.factory import build_backend
 
-    engine = build_backend(cfg.policy, model=model)
+    from pivot_assets.policies.factory import capabilities
+    from pivot_assets.profiling.profiler import sample_seed
+
+    with timed() as start:
+        engine = build_backend(cfg.policy, model=model, threads=cfg.runtime.threads)
     requests = [GenerationRequest(it["id"], it["id"], len(it["messages"]), it["messages"], it["tools"]) for it in items]
+    # per-row seeds where the engine takes them: the request shape profiling's adaptive rounds and evaluation send
+    rows = ({it["id"]: [(i, sample_seed(1, i)) for i in range(k)] for it in items}
+            if capabilities(cfg.policy.backend).per_row_seeds else None)
     with timed() as t:
-        samples = [s for batch in engine.generate(requests, SamplingConfig(k=k, max_new_tokens=max_new_tokens, seed=1))
+        samples = [s for batch in engine.generate(requests, SamplingConfig(k=k, max_new_tokens=max_new_tokens, seed=1),
+                                                  **({"rows": rows} if rows else {}))
                    for s in batch]
+    if hasattr(engine, "close"):
+        engine.close()
     generated = sum(s.n_completion_tokens for s in samples)
+    # an engine in its own processes runs one at a time (evaluation_workers): its wall seconds are what the run
+    # spends on it (measure on an idle box)
+    unit = t.cpu if capabilities(cfg.policy.backend).torch_in_process else t.wall
     return {"turns": len(items), "k": k, "wall_s": t.wall, "cpu_s": t.cpu, "generated_tokens": generated,
-            "s_per_turn": t.cpu / len(items), "length_share": sum(s.finish_reason == "length" for s in samples) / len(samples)}
+            "start_wall_s": start.wall, "s_per_turn": unit / len(items),
+            "length_share": sum(s.finish_reason == "length" for s in samples) / len(samples)}
 
 
 def time_grpo(cfg, model: str, items: list[dict], steps: int) -> dict:
@@ -205,37 +232,71 @@ def estimate(cfg, sizes: dict[str, int], m: dict, assumed: dict) -> list[tuple[s
     scorings = len(a.arms) * seeds + seeds  # arm/s on draw s, the reference on every draw
     models = len(a.arms) * seeds + 2
     probe = t.ood_max_items or 424
+    # an engine in its own process starts once for profiling and once per evaluated model
+    starts = 0.0 if own_process(cfg) is None else m["sampling"]["eval"]["start_wall_s"]
     return [
         ("SFT warm-up", cfg.sft.steps * cfg.sft.batch_size * sft_step, f"{cfg.sft.steps} steps x {cfg.sft.batch_size} "
                                                                        f"of the {warm} warm-up items"),
-        ("profiling", (held + pool) * per_turn("profile"), f"{held + pool} turns (pool {pool} + held out {held}) x "
-                                                           f"K={cfg.policy.k}, the warmed policy"),
+        ("profiling", (held + pool) * per_turn("profile") + starts, f"{held + pool} turns (pool {pool} + held out "
+                                                                    f"{held}) x K={cfg.policy.k}, the warmed policy"
+                                                                    + (", one engine start" if starts else "")),
         ("GRPO arms", sum(arms.values()) * grpo_step * seeds,
          f"{seeds} seeds x steps {arms} (D_adv ~{adv:.0f}, D_mixed ~{mixed:.0f} of the pool)"),
         ("same-data SFT arm", sft_arm, f"{seeds} seeds x one pass over D_adv's pool"),
         ("model load/save per arm run", setup, "~15 s per run"),
-        ("evaluation", scorings * held * per_turn("eval") + held * per_turn("base")
+        ("evaluation", scorings * held * per_turn("eval") + held * per_turn("base") + models * starts
          + models * probe * m["ood"]["cpu_s"] / m["ood"]["items"],
          f"{scorings} (model, draw) scorings x {held} held-out turns x eval_k={t.eval_k} (the warmed policy's cost), "
-         f"the base model on one draw, {models} models x {probe} probe items"),
+         f"the base model on one draw, {models} models x {probe} probe items"
+         + (f", {models} engine starts of {starts:.0f} s, one model at a time" if starts else "")),
     ]
 
 
 PARALLEL = {"GRPO arms", "same-data SFT arm", "model load/save per arm run", "evaluation"}
 
 
-def wall_s(phases: list[tuple[str, float, str]], workers: int) -> float:
-    """Serial phases on one core, the parallel ones on `workers` cores (+ ~1 min of ingest, contracts, exports)."""
-    return 60.0 + sum(sec / (workers if p in PARALLEL else 1) for p, sec, _ in phases)
+def own_process(cfg) -> str | None:
+    """The policy's engine when it runs in its own processes (evaluation then scores one model at a time)."""
+    from pivot_assets.policies.factory import capabilities
+
+    return None if capabilities(cfg.policy.backend).torch_in_process else cfg.policy.backend
 
 
-def largest_pool(cfg, sizes: dict[str, int], m: dict, args, workers: int) -> int:
+def wall_s(phases: list[tuple[str, float, str]], workers: int, serial: set[str] = frozenset()) -> float:
+    """Serial phases on one core, the parallel ones on `workers` cores (+ ~1 min of ingest, contracts, exports);
+    `serial`: parallel phases that run one at a time here (evaluation on an engine in its own process)."""
+    return 60.0 + sum(sec / (workers if p in PARALLEL - serial else 1) for p, sec, _ in phases)
+
+
+def largest_pool(cfg, sizes: dict[str, int], m: dict, args, workers: int, serial: set[str]) -> int:
     """The largest training pool (held-out and warm-up sizes kept) whose estimate fits in args.budget_min."""
     assumed = {"adv_share": args.adv_share, "mixed_share": args.mixed_share}
     pool = 0
-    while pool < 5000 and wall_s(estimate(cfg, {**sizes, "pool": pool + 1}, m, assumed), workers) <= args.budget_min * 60:
+    while pool < 5000 and wall_s(estimate(cfg, {**sizes, "pool": pool + 1}, m, assumed), workers,
+                                 serial) <= args.budget_min * 60:
         pool += 1
     return pool
+
+
+def engine_estimate(cfg, sizes: dict, measured: dict, args) -> dict:
+    """One engine's estimate: its phases, wall minutes, the largest pool that fits and the run without training."""
+    phases = estimate(cfg, sizes, measured, {"adv_share": args.adv_share, "mixed_share": args.mixed_share})
+    workers = min(2, cfg.runtime.workers if cfg.runtime.workers != "auto" else 2)
+    serial = {"evaluation"} if own_process(cfg) else set()
+    return {"phases": phases, "workers": workers, "wall": wall_s(phases, workers, serial),
+            "fits": largest_pool(cfg, sizes, measured, args, workers, serial),
+            "held_fits": largest_held_out(cfg, sizes, measured, args, workers, serial),
+            "floor": wall_s([p for p in phases if p[0] in ("SFT warm-up", "profiling", "evaluation")], workers, serial)}
+
+
+def largest_held_out(cfg, sizes: dict[str, int], m: dict, args, workers: int, serial: set[str]) -> int:
+    """The most held-out items (the config's pool and warm-up kept) whose estimate fits in args.budget_min."""
+    assumed = {"adv_share": args.adv_share, "mixed_share": args.mixed_share}
+    held = 0
+    while held < 5000 and wall_s(estimate(cfg, {**sizes, "held_out": held + 1}, m, assumed), workers,
+                                 serial) <= args.budget_min * 60:
+        held += 1
+    return held
 
 
 def main() -> None:
@@ -252,10 +313,14 @@ def main() -> None:
     ap.add_argument("--adv-share", type=float, default=0.25, help="assumed share of pool turns in D_adv")
     ap.add_argument("--mixed-share", type=float, default=0.45, help="assumed share of pool turns in D_mixed")
     ap.add_argument("--budget-min", type=float, default=150.0)
+    ap.add_argument("--backends", default=None, help="sampling engines timed side by side, comma-separated "
+                                                      "(default: the config's policy.backend)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "RESULTS_ablation_bfcl_sizing.md"))
     args = ap.parse_args()
     configure_torch(1)
     cfg = load_config(args.config, overrides={"inputs": None})  # the BFCL input is not needed to time the pieces
+    engines = {b: load_config(args.config, overrides={"inputs": None, "policy": {"backend": b}})
+               for b in (args.backends.split(",") if args.backends else [cfg.policy.backend])}
     load_start = os.getloadavg()
     args.categories = args.categories or ",".join(config_categories(Path(args.config)))
     items = bfcl_items(args.categories.split(","))
@@ -268,31 +333,32 @@ def main() -> None:
     sample = [items[i] for i in range(0, len(items), step)][: args.turns]
     others = [it for i, it in enumerate(items) if i % step][: args.warmup_steps * cfg.sft.batch_size]
     measured: dict = {}
+    sampling: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         warmed = str(Path(tmp) / "warmed")
         measured["sft"] = warm_up(cfg, others, args.warmup_steps, Path(warmed))
         length = cfg.training.max_completion_length
-        measured["sampling"] = {
-            "profile": time_sampling(cfg, warmed, sample, cfg.policy.k, length),
-            "eval": time_sampling(cfg, warmed, sample, cfg.training.eval_k, length),
-            "base": time_sampling(cfg, "embedded", sample, cfg.training.eval_k, length)}
+        for backend, ecfg in engines.items():
+            sampling[backend] = {
+                "profile": time_sampling(ecfg, warmed, sample, cfg.policy.k, length),
+                "eval": time_sampling(ecfg, warmed, sample, cfg.training.eval_k, length),
+                "base": time_sampling(ecfg, "embedded", sample, cfg.training.eval_k, length)}
         measured["grpo"] = time_grpo(cfg, warmed, sample[:8], args.grpo_steps)
         measured["ood"] = time_ood(cfg, warmed, 48)
     load_end = os.getloadavg()
-    phases = estimate(cfg, sizes, measured, {"adv_share": args.adv_share, "mixed_share": args.mixed_share})
-    workers = min(2, cfg.runtime.workers if cfg.runtime.workers != "auto" else 2)
-    wall = wall_s(phases, workers)
-    fits = largest_pool(cfg, sizes, measured, args, workers)
-    floor = wall_s([p for p in phases if p[0] in ("SFT warm-up", "profiling", "evaluation")], workers)
+    results = {b: engine_estimate(ecfg, sizes, {**measured, "sampling": sampling[b]}, args) for b, ecfg in engines.items()}
     native, why = native_bf16("cpu")
     rel = Path(args.config).resolve()
     lines = [
         "# Sizing the BFCL ablation (bench/bench_ablation_sizing.py)", "",
-        f"Config: `{rel.relative_to(ROOT) if rel.is_relative_to(ROOT) else rel}`; CPU: {describe_cpu()}; native bf16: "
-        f"{native} ({why}); one torch thread per process.",
+        f"Date: {time.strftime('%Y-%m-%d')}. Command: `.venv/bin/python bench/bench_ablation_sizing.py"
+        + (f" --backends {args.backends}" if args.backends else "") + "`.", "",
+        f"Config: `{rel.relative_to(ROOT) if rel.is_relative_to(ROOT) else rel}`; sampling engines: "
+        f"{', '.join(engines)}; CPU: {describe_cpu()}; native bf16: {native} ({why}); one torch thread per process.",
         f"Load average at start {load_start[0]:.2f} / {load_start[1]:.2f} / {load_start[2]:.2f}, at end "
-        f"{load_end[0]:.2f} / {load_end[1]:.2f} / {load_end[2]:.2f} (the machine is shared: the estimate is in CPU "
-        "seconds, the same at load 3 and 7 here; wall seconds are shown beside them).", "",
+        f"{load_end[0]:.2f} / {load_end[1]:.2f} / {load_end[2]:.2f}. Units: CPU seconds for what runs in this "
+        "process (the transformers backend, SFT, GRPO: runtime.workers of them at once); wall seconds for an engine "
+        "in its own processes (vLLM: one at a time, its engine core and this process both busy).", "",
         f"BFCL items: {len(items)} ({args.categories}); split (conversation = item): {sizes.get('held_out', 0)} held "
         f"out ({cfg.training.eval_fraction}), {sizes.get('warmup', 0)} warm-up ({cfg.training.warmup_fraction}), "
         f"{sizes.get('pool', 0)} pool.", "",
@@ -300,36 +366,47 @@ def main() -> None:
         "| category | items | prompt mean | prompt p90 | expert action mean | p90 | max |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {c} | {s['n']} | {s['prompt_mean']:.0f} | {s['prompt_p90']} | {s['action_mean']:.0f} | "
               f"{s['action_p90']} | {s['action_max']} |" for c, s in stats.items()]
-    lines += ["", "## Timed pieces", "", "| piece | what | wall s | CPU s | per unit (CPU) |", "|---|---|---|---|---|"]
-    for name, key, who in (("profiling sampling", "profile", "warmed"), ("evaluation sampling", "eval", "warmed"),
-                           ("evaluation sampling", "base", "base model")):
-        r = measured["sampling"][key]
-        lines.append(f"| {name} ({who}) | {r['turns']} turns x K={r['k']}, <= {cfg.training.max_completion_length} new "
-                     f"tokens ({r['generated_tokens']} generated, {r['length_share']:.0%} hit the limit), "
-                     f"{cfg.policy.batch_size} rows a step | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
-                     f"{r['s_per_turn']:.2f} s/turn |")
+    lines += ["", "## Timed pieces", "", "| piece | engine | what | wall s | CPU s | per unit | engine start (wall) |",
+              "|---|---|---|---|---|---|---|"]
+    for backend in engines:
+        unit = "wall" if own_process(engines[backend]) else "CPU"
+        for name, key, who in (("profiling sampling", "profile", "warmed"), ("evaluation sampling", "eval", "warmed"),
+                               ("evaluation sampling", "base", "base model")):
+            r = sampling[backend][key]
+            lines.append(f"| {name} ({who}) | {backend} | {r['turns']} turns x K={r['k']}, <= "
+                         f"{cfg.training.max_completion_length} new tokens ({r['generated_tokens']} generated, "
+                         f"{r['length_share']:.0%} hit the limit), {cfg.policy.batch_size} rows a step | "
+                         f"{r['wall_s']:.1f} | {r['cpu_s']:.1f} | {r['s_per_turn']:.2f} s/turn ({unit}) | "
+                         f"{r['start_wall_s']:.0f} s |")
     g, s, o = measured["grpo"], measured["sft"], measured["ood"]
-    lines += [f"| SFT warm-up (per turn) | {s['steps']} steps x batch {cfg.sft.batch_size} (final loss "
+    lines += [f"| SFT warm-up (per turn) | torch | {s['steps']} steps x batch {cfg.sft.batch_size} (final loss "
               f"{s['final_loss']:.3f}) | {s['wall_s']:.1f} | {s['cpu_s']:.1f} | "
-              f"{s['s_per_step_wall'] * s['cpu_per_wall']:.2f} s/step; setup {s['setup_wall_s']:.0f} s wall |",
-              f"| GRPO (warmed) | {g['steps']} steps x {cfg.training.num_generations} completions <= "
+              f"{s['s_per_step_wall'] * s['cpu_per_wall']:.2f} s/step (CPU) | setup {s['setup_wall_s']:.0f} s |",
+              f"| GRPO (warmed) | TRL | {g['steps']} steps x {cfg.training.num_generations} completions <= "
               f"{cfg.training.max_completion_length} tokens (mean {g['completion_mean_length'] or 0:.0f}) | "
-              f"{g['wall_s']:.1f} | {g['cpu_s']:.1f} | {g['s_per_step_wall'] * g['cpu_per_wall']:.2f} s/step; setup "
-              f"{g['setup_wall_s']:.0f} s wall |",
-              f"| OOD probe (warmed) | {o['items']} items, greedy | {o['wall_s']:.1f} | {o['cpu_s']:.1f} | "
-              f"{o['cpu_s'] / o['items']:.2f} s/item |"]
+              f"{g['wall_s']:.1f} | {g['cpu_s']:.1f} | {g['s_per_step_wall'] * g['cpu_per_wall']:.2f} s/step (CPU) | "
+              f"setup {g['setup_wall_s']:.0f} s |",
+              f"| OOD probe (warmed) | torch | {o['items']} items, greedy | {o['wall_s']:.1f} | {o['cpu_s']:.1f} | "
+              f"{o['cpu_s'] / o['items']:.2f} s/item (CPU) | |"]
+    names = list(engines)
     lines += ["", f"## Estimate (assumed: D_adv {args.adv_share:.0%}, D_mixed {args.mixed_share:.0%} of the pool)", "",
-              "| phase | CPU min | how |", "|---|---|---|"]
-    lines += [f"| {p} | {sec / 60:.1f} | {how} |" for p, sec, how in phases]
-    total = sum(sec for _, sec, _ in phases)
-    lines += ["", f"**Total {total / 60:.0f} CPU min; with runtime.workers {workers} (arms and evaluations {workers} at a "
-              f"time, the rest on one core) at most about {wall / 60:.0f} min wall on an idle 2-core box, ingest, "
-              f"contracts and exports included.** The largest pool that fits in {args.budget_min:.0f} min at this "
-              f"held-out and warm-up size: {fits} items (the config's: {sizes.get('pool', 0)}). Without any "
-              f"training (the warm-up, profiling and the evaluation alone) it would take {floor / 60:.0f} min; with "
-              f"two busy cores giving 1.5-1.6x one (bench/RESULTS_threads.md) rather than 2x, the parallel phases "
-              f"take up to 1.3x longer."]
-    Path(args.out).write_text("\n".join(lines) + "\n")
+              "| phase | " + " | ".join(f"min ({b})" for b in names) + " | how |", "|---|" + "---|" * len(names) + "---|"]
+    for i, (phase, _, _) in enumerate(results[names[0]]["phases"]):
+        lines.append(f"| {phase} | " + " | ".join(f"{results[b]['phases'][i][1] / 60:.1f}" for b in names)
+                     + f" | {results[names[0]]['phases'][i][2]} |")
+    lines.append("")
+    for b in names:
+        r = results[b]
+        total = sum(sec for _, sec, _ in r["phases"])
+        lines.append(f"**{b}: {total / 60:.0f} min of core time; with runtime.workers {r['workers']} "
+                     f"({'arms 2 at a time, evaluations one engine at a time' if own_process(engines[b]) else 'arms and evaluations 2 at a time'}, "
+                     f"the rest on one core) about {r['wall'] / 60:.0f} min wall on an idle 2-core box.** The largest "
+                     f"pool that fits in {args.budget_min:.0f} min at this held-out and warm-up size: {r['fits']} items "
+                     f"(the config's: {sizes.get('pool', 0)}); the most held-out items that fit at the config's pool: "
+                     f"{r['held_fits']} (the config's: {sizes.get('held_out', 0)}). Without any training (the warm-up, profiling and the "
+                     f"evaluation alone): {r['floor'] / 60:.0f} min.")
+        lines.append("")
+    Path(args.out).write_text("\n".join(lines))
     print("\n".join(lines))
 
 
