@@ -268,14 +268,15 @@ def wall_s(phases: list[tuple[str, float, str]], workers: int, serial: set[str] 
     return 60.0 + sum(sec / (workers if p in PARALLEL - serial else 1) for p, sec, _ in phases)
 
 
-def largest_pool(cfg, sizes: dict[str, int], m: dict, args, workers: int, serial: set[str]) -> int:
-    """The largest training pool (held-out and warm-up sizes kept) whose estimate fits in args.budget_min."""
+def largest_fitting(part: str, cfg, sizes: dict[str, int], m: dict, args, workers: int, serial: set[str]) -> int:
+    """The largest size of one part of the split ("pool" or "held_out"; the others kept) whose estimate fits in
+    args.budget_min."""
     assumed = {"adv_share": args.adv_share, "mixed_share": args.mixed_share}
-    pool = 0
-    while pool < 5000 and wall_s(estimate(cfg, {**sizes, "pool": pool + 1}, m, assumed), workers,
-                                 serial) <= args.budget_min * 60:
-        pool += 1
-    return pool
+    n = 0
+    while n < 5000 and wall_s(estimate(cfg, {**sizes, part: n + 1}, m, assumed), workers,
+                              serial) <= args.budget_min * 60:
+        n += 1
+    return n
 
 
 def engine_estimate(cfg, sizes: dict, measured: dict, args) -> dict:
@@ -284,19 +285,9 @@ def engine_estimate(cfg, sizes: dict, measured: dict, args) -> dict:
     workers = min(2, cfg.runtime.workers if cfg.runtime.workers != "auto" else 2)
     serial = {"evaluation"} if own_process(cfg) else set()
     return {"phases": phases, "workers": workers, "wall": wall_s(phases, workers, serial),
-            "fits": largest_pool(cfg, sizes, measured, args, workers, serial),
-            "held_fits": largest_held_out(cfg, sizes, measured, args, workers, serial),
+            "fits": largest_fitting("pool", cfg, sizes, measured, args, workers, serial),
+            "held_fits": largest_fitting("held_out", cfg, sizes, measured, args, workers, serial),
             "floor": wall_s([p for p in phases if p[0] in ("SFT warm-up", "profiling", "evaluation")], workers, serial)}
-
-
-def largest_held_out(cfg, sizes: dict[str, int], m: dict, args, workers: int, serial: set[str]) -> int:
-    """The most held-out items (the config's pool and warm-up kept) whose estimate fits in args.budget_min."""
-    assumed = {"adv_share": args.adv_share, "mixed_share": args.mixed_share}
-    held = 0
-    while held < 5000 and wall_s(estimate(cfg, {**sizes, "held_out": held + 1}, m, assumed), workers,
-                                 serial) <= args.budget_min * 60:
-        held += 1
-    return held
 
 
 def main() -> None:
