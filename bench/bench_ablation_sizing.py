@@ -17,9 +17,10 @@ and one torch thread per process:
 Each sampling piece runs on every engine in --backends (side by side, the same warmed policy and prompts); an
 engine in its own processes (vLLM) also records its start, and evaluation on it scores one model at a time, so its
 pieces are costed in wall seconds (run it on an idle box). Each piece records wall and CPU seconds: the machine is
-shared, so CPU seconds (what a core spends on it) are the estimate's unit for what runs in this process. The estimate multiplies them by the config's counts (the split computed exactly from the items'
-ids, pool sizes from assumed D_adv / D_mixed shares): serial phases (warm-up, profiling) at one core, the arms and
-the evaluations on runtime.workers cores at full speed each. CPU seconds measured beside other jobs run slower
+shared, so CPU seconds (what a core spends on it) are the estimate's unit for what runs in this process. The
+estimate multiplies them by the config's counts (the split computed exactly from the items' ids, pool sizes
+from assumed D_adv / D_mixed shares): serial phases (warm-up, profiling) at one core, the arms and the evaluations
+on runtime.workers cores at full speed each. CPU seconds measured beside other jobs run slower
 than on an idle core, and two busy cores of this box give 1.5-1.6x one (bench/RESULTS_threads.md), which the
 loaded measurement already pays: the estimate is an upper bound for an idle box. It also prints the largest pool
 (at the config's held-out and warm-up sizes) that fits in --budget-min.
@@ -115,9 +116,7 @@ def token_stats(items: list[dict], tokenizer) -> dict:
 
 def time_sampling(cfg, model: str, items: list[dict], k: int, max_new_tokens: int) -> dict:
     from pivot_assets.policies.base import GenerationRequest, SamplingConfig
-    from pivot_assets.policies.factory import build_backend
-
-    from pivot_assets.policies.factory import capabilities
+    from pivot_assets.policies.factory import build_backend, capabilities
     from pivot_assets.profiling.profiler import sample_seed
 
     with timed() as start:
@@ -135,7 +134,7 @@ def time_sampling(cfg, model: str, items: list[dict], k: int, max_new_tokens: in
     generated = sum(s.n_completion_tokens for s in samples)
     # an engine in its own processes runs one at a time (evaluation_workers): its wall seconds are what the run
     # spends on it (measure on an idle box)
-    unit = t.cpu if capabilities(cfg.policy.backend).torch_in_process else t.wall
+    unit = t.wall if in_own_processes(cfg) else t.cpu
     return {"turns": len(items), "k": k, "wall_s": t.wall, "cpu_s": t.cpu, "generated_tokens": generated,
             "start_wall_s": start.wall, "s_per_turn": unit / len(items),
             "length_share": sum(s.finish_reason == "length" for s in samples) / len(samples)}
@@ -233,7 +232,7 @@ def estimate(cfg, sizes: dict[str, int], m: dict, assumed: dict) -> list[tuple[s
     models = len(a.arms) * seeds + 2
     probe = t.ood_max_items or 424
     # an engine in its own process starts once for profiling and once per evaluated model
-    starts = 0.0 if own_process(cfg) is None else m["sampling"]["eval"]["start_wall_s"]
+    starts = m["sampling"]["eval"]["start_wall_s"] if in_own_processes(cfg) else 0.0
     return [
         ("SFT warm-up", cfg.sft.steps * cfg.sft.batch_size * sft_step, f"{cfg.sft.steps} steps x {cfg.sft.batch_size} "
                                                                        f"of the {warm} warm-up items"),
@@ -255,11 +254,12 @@ def estimate(cfg, sizes: dict[str, int], m: dict, assumed: dict) -> list[tuple[s
 PARALLEL = {"GRPO arms", "same-data SFT arm", "model load/save per arm run", "evaluation"}
 
 
-def own_process(cfg) -> str | None:
-    """The policy's engine when it runs in its own processes (evaluation then scores one model at a time)."""
+def in_own_processes(cfg) -> bool:
+    """Whether the policy's engine runs in processes of its own (vLLM: evaluation then scores one model at a time,
+    training/evaluation.evaluation_workers)."""
     from pivot_assets.policies.factory import capabilities
 
-    return None if capabilities(cfg.policy.backend).torch_in_process else cfg.policy.backend
+    return not capabilities(cfg.policy.backend).torch_in_process
 
 
 def wall_s(phases: list[tuple[str, float, str]], workers: int, serial: set[str] = frozenset()) -> float:
@@ -283,7 +283,7 @@ def engine_estimate(cfg, sizes: dict, measured: dict, args) -> dict:
     """One engine's estimate: its phases, wall minutes, the largest pool that fits and the run without training."""
     phases = estimate(cfg, sizes, measured, {"adv_share": args.adv_share, "mixed_share": args.mixed_share})
     workers = min(2, cfg.runtime.workers if cfg.runtime.workers != "auto" else 2)
-    serial = {"evaluation"} if own_process(cfg) else set()
+    serial = {"evaluation"} if in_own_processes(cfg) else set()
     return {"phases": phases, "workers": workers, "wall": wall_s(phases, workers, serial),
             "fits": largest_fitting("pool", cfg, sizes, measured, args, workers, serial),
             "held_fits": largest_fitting("held_out", cfg, sizes, measured, args, workers, serial),
@@ -360,7 +360,7 @@ def main() -> None:
     lines += ["", "## Timed pieces", "", "| piece | engine | what | wall s | CPU s | per unit | engine start (wall) |",
               "|---|---|---|---|---|---|---|"]
     for backend in engines:
-        unit = "wall" if own_process(engines[backend]) else "CPU"
+        unit = "wall" if in_own_processes(engines[backend]) else "CPU"
         for name, key, who in (("profiling sampling", "profile", "warmed"), ("evaluation sampling", "eval", "warmed"),
                                ("evaluation sampling", "base", "base model")):
             r = sampling[backend][key]
@@ -390,7 +390,7 @@ def main() -> None:
         r = results[b]
         total = sum(sec for _, sec, _ in r["phases"])
         lines.append(f"**{b}: {total / 60:.0f} min of core time; with runtime.workers {r['workers']} "
-                     f"({'arms 2 at a time, evaluations one engine at a time' if own_process(engines[b]) else 'arms and evaluations 2 at a time'}, "
+                     f"({'arms 2 at a time, evaluations one engine at a time' if in_own_processes(engines[b]) else 'arms and evaluations 2 at a time'}, "
                      f"the rest on one core) about {r['wall'] / 60:.0f} min wall on an idle 2-core box.** The largest "
                      f"pool that fits in {args.budget_min:.0f} min at this held-out and warm-up size: {r['fits']} items "
                      f"(the config's: {sizes.get('pool', 0)}); the most held-out items that fit at the config's pool: "

@@ -98,23 +98,23 @@ def evaluate(wh, cfg, verifiers, model: str, draw: int, turns: list[str], cache:
     return scores
 
 
+def interval(name: str, values: list[list[float]], groups: list[str], resamples: int) -> tuple:
+    """(mean, 2.5th, 97.5th percentile) of a (seeds x turns) matrix under the hierarchical bootstrap."""
+    from pivot_assets.training.evaluation import hierarchical_resamples, resampled_mean
+
+    return resampled_mean(values, hierarchical_resamples(groups, len(values), resamples, name))
+
+
 def paired(name: str, a: dict[int, dict], b: dict[int, dict], turns: list[str], groups: list[str],
            resamples: int) -> dict:
     """a - b per seed and turn, with its hierarchical-bootstrap 95% interval."""
-    from pivot_assets.training.evaluation import hierarchical_resamples, resampled_mean
-
-    seeds = sorted(a)
-    values = [[a[s][t] - b[s][t] for t in turns] for s in seeds]
-    mean, low, high = resampled_mean(values, hierarchical_resamples(groups, len(seeds), resamples, name))
-    return {"pair": name, "n_seeds": len(seeds), "n": len(turns), "delta": mean, "low": low, "high": high,
+    mean, low, high = interval(name, [[a[s][t] - b[s][t] for t in turns] for s in sorted(a)], groups, resamples)
+    return {"pair": name, "n_seeds": len(a), "n": len(turns), "delta": mean, "low": low, "high": high,
             "excludes_zero": low > 0 or high < 0}
 
 
 def accuracy(name: str, scores: dict[int, dict], turns: list[str], groups: list[str], resamples: int) -> dict:
-    from pivot_assets.training.evaluation import hierarchical_resamples, resampled_mean
-
-    values = [[scores[s][t] for t in turns] for s in sorted(scores)]
-    mean, low, high = resampled_mean(values, hierarchical_resamples(groups, len(values), resamples, name))
+    mean, low, high = interval(name, [[scores[s][t] for t in turns] for s in sorted(scores)], groups, resamples)
     return {"policy": name, "accuracy": mean, "low": low, "high": high}
 
 
@@ -181,7 +181,7 @@ def main() -> None:
             pool_train = step.train.filter(pl.col("turn_id").is_in(sorted(step.pool)))
             before = set(d_adv["turn_id"]) if r == 1 else set(previous[s].filter(pl.col("trained"))["turn_id"])
             now = set(pool_train["turn_id"])
-            profiled = profiling_spend(wh, step.policy_fp, step.profiler.sampling_fp, step.profiled)
+            profiled = profiling_spend(wh, step.profiler.policy_fp, step.profiler.sampling_fp, step.profiled)
             buckets = dict(step.current.group_by(pl.col("reward_var") > 0).len().iter_rows())
             rounds[s].append({"round": r, "profiled": step.profiled.height, "skipped": len(step.skip),
                               "replayed": len(step.replay), "train": len(now), "kept": len(now & before),
@@ -196,7 +196,6 @@ def main() -> None:
             runs[j[4]] = result
     train_wall = time.perf_counter() - t0
 
-    last = cfg.refresh.rounds - 1
     t0 = time.perf_counter()
     scores: dict[str, dict[int, dict]] = {"reference": {}, "one": {}, "refresh": {}}
     for s in seeds:
@@ -204,7 +203,9 @@ def main() -> None:
                                           work / "eval" / f"reference_d{s}.json")
         scores["one"][s] = evaluate(wh, cfg, sets.profiling, model("one", s), s, held_turns,
                                     work / "eval" / f"one_s{s}.json")
-        final = model(f"refresh_r{last}", s) if Path(model(f"refresh_r{last}", s)).exists() else model("refresh_r0", s)
+        # the last round that trained (a round with an empty training set keeps the one before)
+        final = next(model(f"refresh_r{r}", s) for r in reversed(range(cfg.refresh.rounds))
+                     if model(f"refresh_r{r}", s) in runs)
         scores["refresh"][s] = evaluate(wh, cfg, sets.profiling, final, s, held_turns,
                                         work / "eval" / f"refresh_s{s}.json")
     eval_wall = time.perf_counter() - t0

@@ -40,6 +40,7 @@ from pivot_assets.core.warehouse import Warehouse
 
 if TYPE_CHECKING:
     from pivot_assets.core.config import PivotConfig
+    from pivot_assets.profiling.profiler import Profiler
 
 VERSION = "1"  # the rows and the training a round does; a change here makes every round recompute
 RECORD = ".refresh_round.json"  # beside a round's model: what its training spent (read back by a cached rerun)
@@ -290,10 +291,9 @@ class Reselection:
     skip: set[str]
     held: set[str]
     pool: set[str]
-    profiler: object
+    profiler: "Profiler"  # its policy_fp and sampling_fp: the round's rollouts
     profiled: pl.DataFrame
     generated: dict
-    policy_fp: str
 
 
 def reselect(wh: Warehouse, cfg: "PivotConfig", verifiers, previous: pl.DataFrame, model: Path, r: int,
@@ -323,7 +323,7 @@ def reselect(wh: Warehouse, cfg: "PivotConfig", verifiers, previous: pl.DataFram
     pool = set(current.filter(~pl.col("trajectory_id").is_in(sorted(held)))["turn_id"].to_list())
     replay = replayed_turns(previous, r, cfg, pool)
     train = training_set(selection, current.drop("trajectory_id", "domain"), turns, cfg.training.set, replay)
-    return Reselection(current, train, replay, skip, held, pool, profiler, profiled, generated, policy_fp)
+    return Reselection(current, train, replay, skip, held, pool, profiler, profiled, generated)
 
 
 def run_round(wh: Warehouse, cfg: "PivotConfig", verifier_sets, r: int, log: Log) -> dict:
@@ -340,11 +340,12 @@ def run_round(wh: Warehouse, cfg: "PivotConfig", verifier_sets, r: int, log: Log
         pl.col("turn_id").is_in(step.replay).alias("replayed"), pl.col("turn_id").is_in(trained_ids).alias("trained"))
     evaluation = evaluate(wh, cfg, verifier_sets.profiling, checkpoint(wh, r), log)
     grpo = {k: spend[k] for k in ("samples", "generated_tokens", "grpo_steps", "prompts_per_step", "num_generations")}
-    profiling = profiling_spend(wh, step.policy_fp, step.profiler.sampling_fp, step.profiled)
-    budget = budget_rows(r, step.policy_fp, profiling, grpo, evaluation)
+    policy_fp = step.profiler.policy_fp
+    profiling = profiling_spend(wh, policy_fp, step.profiler.sampling_fp, step.profiled)
+    budget = budget_rows(r, policy_fp, profiling, grpo, evaluation)
     write_round(wh, r, rows, budget)
     return {"round": r, "rows": rows, "budget": budget,
-            "evaluation": evaluation, "policy_fp": step.policy_fp, "generated": step.generated,
+            "evaluation": evaluation, "policy_fp": policy_fp, "generated": step.generated,
             "trained": spend["trained"], "key": spend["key"], "skipped": len(step.skip), "replayed": len(step.replay),
             "train_turns": len(trained_ids), "grpo_reward_mean": spend.get("reward_mean")}
 
