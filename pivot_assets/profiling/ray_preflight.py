@@ -76,13 +76,11 @@ def check_cluster(config_json: str) -> tuple[bool, str, str]:
 def check_ray_head(cfg: PivotConfig, log=print, timeout_s: float = TIMEOUT_S) -> str:
     """Run the preflight job on the configured head; raise RuntimeError (one line) when the head cannot run shard
     jobs, else return what it checked."""
-    from ray.job_submission import JobSubmissionClient
-
-    from .ray_job import runtime_env
+    from .ray_job import job_client, runtime_env
 
     address = cfg.scale.ray_address or "$RAY_ADDRESS"
     try:
-        client = JobSubmissionClient(cfg.scale.ray_address)
+        client = job_client(cfg.scale.ray_address)
     except Exception as e:  # noqa: BLE001
         raise RuntimeError(f"no Ray job server answers at {address} ({_gist(e)}): start a head "
                            f"({START_HINT}) or fix scale.ray_address") from None

@@ -14,7 +14,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests.pipeline.test_ui import dagster_dev, free_port
+from tests.pipeline.test_ui import dagster_dev
+from tests.ports import free_port
 
 VENV_BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.slow

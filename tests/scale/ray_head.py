@@ -4,9 +4,10 @@ never `ray stop`, which would stop every Ray on the machine)."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -15,41 +16,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.ports import free_ports
+
 VENV_BIN = Path(sys.executable).parent
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def free_port_range(width: int = 40, avoid: frozenset[int] = frozenset()) -> int:
-    """The first port of `width` consecutive free ports (Ray's worker ports), none of them in `avoid` (ports already
-    handed to another Ray component: Ray refuses a start where two components share a port)."""
-    for _ in range(50):
-        start = free_ports(1)[0]
-        if start + width > 65000 or avoid & set(range(start, start + width)):
-            continue
-        try:
-            socks = []
-            for p in range(start, start + width):
-                s = socket.socket()
-                s.bind(("127.0.0.1", p))
-                socks.append(s)
-            return start
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range for Ray workers")
 
 
 @dataclass
@@ -95,9 +64,9 @@ class RayPortTaken(RuntimeError):
 
 def _start_ray_head(num_cpus: int, timeout: float, env: dict[str, str] | None, nice: int, venv_on_path: bool,
                     without: tuple[str, ...]) -> RayHead:
-    singles = free_ports(9)
-    gcs, dash, client, mgr, obj, agent_listen, agent_grpc, metrics, rtenv = singles
-    workers = free_port_range(40, avoid=frozenset(singles))
+    block = free_ports(9 + 40, consecutive=True)  # 9 components, then the 40 worker ports (Ray wants a range)
+    gcs, dash, client, mgr, obj, agent_listen, agent_grpc, metrics, rtenv = block[:9]
+    workers = block[9]
     temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
     path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and Path(p) != VENV_BIN]
     env = {**{k: v for k, v in os.environ.items() if k not in without and (venv_on_path or k != "VIRTUAL_ENV")}, **(env or {}),
@@ -120,11 +89,12 @@ def _start_ray_head(num_cpus: int, timeout: float, env: dict[str, str] | None, n
             taken = "used by other components" in log or "address already in use" in log.lower()
             raise (RayPortTaken if taken else RuntimeError)(f"ray head exited: {log[-2000:]}")
         try:
-            with urllib.request.urlopen(f"{head.dashboard}/api/version", timeout=2) as r:
-                if r.status == 200:
+            with urllib.request.urlopen(f"{head.dashboard}/api/jobs/", timeout=2) as r:  # the job server, not only a port
+                if r.status == 200 and isinstance(json.loads(r.read()), list):
                     head.start_s = time.perf_counter() - t0
                     return head
-        except OSError:
-            time.sleep(0.5)
+        except (OSError, ValueError, http.client.HTTPException):
+            pass
+        time.sleep(0.5)
     head.stop()
     raise RuntimeError(f"ray head did not answer on {head.dashboard} within {timeout} s")

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.s3_store import free_port, stop_server
+from tests.ports import free_port
+from tests.s3_store import stop_server
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 
