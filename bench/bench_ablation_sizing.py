@@ -129,6 +129,11 @@ def time_sampling(cfg, model: str, items: list[dict], k: int, max_new_tokens: in
         samples = [s for batch in engine.generate(requests, SamplingConfig(k=k, max_new_tokens=max_new_tokens, seed=1),
                                                   **({"rows": rows} if rows else {}))
                    for s in batch]
+    reload_wall_s = None
+    if capabilities(cfg.policy.backend).reloads_weights:  # evaluation's next model, loaded into this engine
+        with timed() as reload:
+            engine.load_model(model)
+        reload_wall_s = reload.wall
     if hasattr(engine, "close"):
         engine.close()
     generated = sum(s.n_completion_tokens for s in samples)
@@ -136,7 +141,7 @@ def time_sampling(cfg, model: str, items: list[dict], k: int, max_new_tokens: in
     # spends on it (measure on an idle box)
     unit = t.wall if in_own_processes(cfg) else t.cpu
     return {"turns": len(items), "k": k, "wall_s": t.wall, "cpu_s": t.cpu, "generated_tokens": generated,
-            "start_wall_s": start.wall, "s_per_turn": unit / len(items),
+            "start_wall_s": start.wall, "reload_wall_s": reload_wall_s, "s_per_turn": unit / len(items),
             "length_share": sum(s.finish_reason == "length" for s in samples) / len(samples)}
 
 
@@ -231,8 +236,11 @@ def estimate(cfg, sizes: dict[str, int], m: dict, assumed: dict) -> list[tuple[s
     scorings = len(a.arms) * seeds + seeds  # arm/s on draw s, the reference on every draw
     models = len(a.arms) * seeds + 2
     probe = t.ood_max_items or 424
-    # an engine in its own process starts once for profiling and once per evaluated model
+    # an engine in its own process starts once for profiling; evaluation starts one more and loads each next model
+    # into it where the engine reloads weights (EngineSlot), else starts one per model
     starts = m["sampling"]["eval"]["start_wall_s"] if in_own_processes(cfg) else 0.0
+    reload = m["sampling"]["eval"].get("reload_wall_s")
+    switches = (starts + (models - 1) * reload) if starts and reload is not None else models * starts
     return [
         ("SFT warm-up", cfg.sft.steps * cfg.sft.batch_size * sft_step, f"{cfg.sft.steps} steps x {cfg.sft.batch_size} "
                                                                        f"of the {warm} warm-up items"),
@@ -243,11 +251,13 @@ def estimate(cfg, sizes: dict[str, int], m: dict, assumed: dict) -> list[tuple[s
          f"{seeds} seeds x steps {arms} (D_adv ~{adv:.0f}, D_mixed ~{mixed:.0f} of the pool)"),
         ("same-data SFT arm", sft_arm, f"{seeds} seeds x one pass over D_adv's pool"),
         ("model load/save per arm run", setup, "~15 s per run"),
-        ("evaluation", scorings * held * per_turn("eval") + held * per_turn("base") + models * starts
+        ("evaluation", scorings * held * per_turn("eval") + held * per_turn("base") + switches
          + models * probe * m["ood"]["cpu_s"] / m["ood"]["items"],
          f"{scorings} (model, draw) scorings x {held} held-out turns x eval_k={t.eval_k} (the warmed policy's cost), "
          f"the base model on one draw, {models} models x {probe} probe items"
-         + (f", {models} engine starts of {starts:.0f} s, one model at a time" if starts else "")),
+         + (f", one engine start of {starts:.0f} s and {models - 1} weight reloads of {reload:.1f} s, one model at a "
+            "time" if starts and reload is not None else
+            f", {models} engine starts of {starts:.0f} s, one model at a time" if starts else "")),
     ]
 
 

@@ -25,6 +25,8 @@ class EngineCapabilities:
     bounded_thinking: bool  # implements policy.thinking_budget (a forced </think>)
     per_row_seeds: bool  # generate(..., rows=...): each (turn, sample index) drawn under its own seed, so sample i
     # of a turn is the same draw whatever k, round or batch (adaptive rounds, evaluation)
+    reloads_weights: bool = False  # load_model(dir): another checkpoint of the same architecture and tokenizer into
+    # the running engine, so scoring many checkpoints in turn pays one engine start (evaluation)
     packages: tuple[str, ...] = ()  # what must import where it runs (a Ray worker's preflight)
 
 
@@ -35,7 +37,7 @@ ENGINES = {
                                        packages=("torch", "transformers")),
     "vllm": EngineCapabilities(local_model=True, torch_in_process=False, turn_rows_together=False,
                                scores_continuation=True, prefix_reuse=True, bounded_thinking=False, per_row_seeds=True,
-                               packages=("vllm",)),
+                               reloads_weights=True, packages=("vllm",)),
     "openai": EngineCapabilities(local_model=False, torch_in_process=False, turn_rows_together=False,
                                  scores_continuation=False, prefix_reuse=False, bounded_thinking=False,
                                  per_row_seeds=False),

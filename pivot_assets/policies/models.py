@@ -391,6 +391,32 @@ def _weights_hash(model: str) -> str:
     return h.hexdigest()[:16]
 
 
+# config keys that name a checkpoint rather than its architecture (a fine-tune rewrites them)
+_CHECKPOINT_KEYS = frozenset({"_name_or_path", "torch_dtype", "dtype", "transformers_version", "use_cache",
+                              "_commit_hash"})
+# tokenizer_config.json keys an engine's tokenizer takes its vocabulary's special tokens from
+_SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token", "added_tokens_decoder")
+
+
+def same_family(a: Path, b: Path) -> bool:
+    """Whether model dirs `a` and `b` hold checkpoints of one architecture with one vocabulary, so the weights of
+    either load into an engine built for the other (an SFT or GRPO checkpoint and its base). The chat template may
+    differ: it is resolved per checkpoint (configure_tokenizer)."""
+    from transformers import AutoConfig
+
+    def architecture(p: Path) -> dict:
+        return {k: v for k, v in AutoConfig.from_pretrained(p).to_dict().items() if k not in _CHECKPOINT_KEYS}
+
+    def vocabulary(p: Path) -> tuple:
+        config = p / "tokenizer_config.json"
+        special = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
+        files = tuple((p / n).read_bytes() if (p / n).is_file() else None
+                      for n in ("tokenizer.json", "vocab.json", "merges.txt"))
+        return files, {k: special.get(k) for k in _SPECIAL_TOKEN_KEYS}
+
+    return architecture(a) == architecture(b) and vocabulary(a) == vocabulary(b)
+
+
 def policy_fingerprint(model: str, fmt: PromptFormat = PromptFormat()) -> str:
     """Stable id of a local policy by content: `embedded` or `local`, the weights hash, the resolved chat template
     (+ decoding rule) and the thinking mode when it is not the default.

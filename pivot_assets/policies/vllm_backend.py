@@ -41,6 +41,7 @@ from .models import (
     policy_fingerprint,
     render_prompt,
     resolve_model_dir,
+    same_family,
     stop_token_ids,
 )
 from .openai_backend import request_seed
@@ -96,6 +97,9 @@ def engine_threads(device: str, threads: int):
             os.environ.pop(key, None)
 
 
+WORKER_EXTENSION = "pivot_assets.policies.vllm_worker.CheckpointLoader"  # load_model: checkpoints in place
+
+
 class VLLMBackend:
     """K samples per turn from a local model through vLLM's offline engine.
 
@@ -116,12 +120,14 @@ class VLLMBackend:
         before = set(child_pids())
         with engine_threads(device, threads):
             # disable_log_stats=False: the engine's prompt/cached-token counters (prefix-cache statistics) are read
-            self.llm = LLM(model=str(path), dtype=dtype, enable_prefix_caching=True, disable_log_stats=False, **args)
+            self.llm = LLM(model=str(path), dtype=dtype, enable_prefix_caching=True, disable_log_stats=False,
+                           **{"worker_extension_cls": WORKER_EXTENSION, **args})
         # the engine core (a spawned child) does not watch this process: it would outlive a kill -9 of it
         self._dismiss_reaper = reap_with_this_process(sorted(set(child_pids()) - before))
         self.tokenizer = self.llm.get_tokenizer()
         configure_tokenizer(self.tokenizer, model, fmt)
         self.stop_ids = stop_token_ids(self.tokenizer, load_generation_config(path))
+        self.model, self.path = model, path
         self.fmt = fmt
         self.batch_size = batch_size
         self.fingerprint = policy_fingerprint(model, fmt)
@@ -135,6 +141,23 @@ class VLLMBackend:
         """Stop the engine core process now (it would otherwise go when this object is collected)."""
         self.llm.llm_engine.engine_core.shutdown()
         self._dismiss_reaper()
+
+    def load_model(self, model: str) -> bool:
+        """Load the checkpoint `model` into this engine in place of the current one (vLLM's in-place reload through
+        the worker extension vllm_worker.CheckpointLoader, then the prefix cache emptied: cached KV was computed
+        with the old weights). False, and nothing changed, when the checkpoint is not the same architecture with
+        the same vocabulary (it needs an engine of its own)."""
+        path = resolve_model_dir(model)
+        if not same_family(self.path, path):
+            return False
+        self.llm.collective_rpc("load_checkpoint", args=(str(path),))
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError(f"vLLM did not empty its prefix cache after loading {path}")
+        configure_tokenizer(self.tokenizer, model, self.fmt)  # the template may come from the checkpoint (auto)
+        self.stop_ids = stop_token_ids(self.tokenizer, load_generation_config(path))
+        self.model, self.path = model, path
+        self.fingerprint = policy_fingerprint(model, self.fmt)
+        return True
 
     def prompt_ids(self, request: GenerationRequest) -> list[int]:
         """Token ids of a turn's rendered prompt (no extra BOS: the template carries its own markers)."""

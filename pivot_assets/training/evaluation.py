@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
     from pivot_assets.core.config import PivotConfig
     from pivot_assets.core.warehouse import Warehouse
+    from pivot_assets.policies.factory import EngineSlot
 
 
 def _state_messages(row: dict) -> list[dict]:
@@ -61,14 +62,15 @@ def _requests(rows: list[dict]):
 
 def local_accuracy(model_dir: str, pivot_rows: Iterable[dict], domain_verifiers, k: int = 4,
                    max_new_tokens: int = 256, seed: int = 0, *, temperature: float = 1.0, top_p: float = 1.0,
-                   policy: "PolicySection | None" = None) -> dict:
+                   policy: "PolicySection | None" = None, engines: "EngineSlot | None" = None) -> dict:
     """Mean verifier reward over k samples per pivot for the policy at model_dir ("embedded" or an HF dir).
 
     pivot_rows: dicts with turn_id, domain, expert_action (dict or JSON text), tools (list or JSON
     text), the state messages under `messages` (canonical) or `prompt` (HF export shape) and, for an
     executable trajectory, its `environment` (what executed_state rebuilds the world from).
     `policy` is the sampling engine (backend, dtype, device, batch size: the `policy:` section; its model is
-    replaced by model_dir); default: the section's defaults.
+    replaced by model_dir); default: the section's defaults. `engines`: an EngineSlot the caller keeps across
+    models (it closes it); without one, an engine is built for this call and closed after it.
     Returns {n_pivots, k, local_accuracy (None when there are no pivots), per_turn: [{turn_id,
     domain, reward_mean, n_pass, rewards, reasons}]}. Sampling is seeded per sample as profiling seeds it
     (sample i of a turn from its own seed, profiling/profiler.sample_seed) on an engine that takes per-row seeds,
@@ -78,7 +80,7 @@ def local_accuracy(model_dir: str, pivot_rows: Iterable[dict], domain_verifiers,
     from pivot_assets.profiling.profiler import sample_seed
 
     from pivot_assets.policies.base import SamplingConfig
-    from pivot_assets.policies.factory import build_backend, capabilities
+    from pivot_assets.policies.factory import EngineSlot, capabilities
 
     rows = list(pivot_rows)
     if not rows:
@@ -91,7 +93,9 @@ def local_accuracy(model_dir: str, pivot_rows: Iterable[dict], domain_verifiers,
     states = {r.turn_id: TurnState(r.messages, by_turn[r.turn_id].get("environment"))
               if by_turn[r.turn_id].get("environment") is not None else r.messages for r in requests}
     policy = policy or PolicySection()
-    engine = build_backend(policy, model=str(model_dir))
+    own = engines is None
+    slot = EngineSlot(policy) if own else engines
+    engine = slot.engine_for(str(model_dir))
     sampling = SamplingConfig(k=k, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
     scores: dict[str, list] = defaultdict(list)
     tokens = 0  # generated tokens, for a caller that accounts for rollouts (refresh/rounds.py)
@@ -106,8 +110,8 @@ def local_accuracy(model_dir: str, pivot_rows: Iterable[dict], domain_verifiers,
                 scores[s.turn_id].append(verifier.score(row["expert_action"], s.completion, tools=row.get("tools"),
                                                         state=states[s.turn_id]))
     finally:  # an engine in its own processes stops now, not when collected: the next model's engine needs the core
-        if hasattr(engine, "close"):
-            engine.close()
+        if own:
+            slot.close()
     per_turn = []
     for row in rows:
         got = scores.get(row["turn_id"], [])
@@ -307,7 +311,7 @@ def eval_key(cfg: "PivotConfig", sets: dict[str, list[str]], verifiers, probe: l
 
 
 def policy_scores(wh: "Warehouse", cfg: "PivotConfig", model: str, model_fp: str, draws: Iterable[int],
-                  rows: list[dict], probe: list[dict], verifiers, log) -> dict:
+                  rows: list[dict], probe: list[dict], verifiers, log, engines: "EngineSlot | None" = None) -> dict:
     """{"turns": {draw: {turn_id: mean reward}}, "ood": [0/1 per probe item], "seconds", "cached"} for one model;
     each draw and the probe read back from warehouse/eval_cache when this model was scored with them before."""
     from pivot_assets.core.hardware import resolve_dtype
@@ -326,7 +330,8 @@ def policy_scores(wh: "Warehouse", cfg: "PivotConfig", model: str, model_fp: str
             t0, cached = time.perf_counter(), False
             local = (local_accuracy(model, rows, verifiers, k=cfg.training.eval_k,
                                     max_new_tokens=cfg.training.max_completion_length, seed=eval_seed(cfg, draw),
-                                    temperature=engine.temperature, top_p=engine.top_p, policy=engine)
+                                    temperature=engine.temperature, top_p=engine.top_p, policy=engine,
+                                    engines=engines)
                      if rows else {"per_turn": []})
             _write_scores(wh, path, [t["turn_id"] for t in local["per_turn"]],
                           [t["reward_mean"] for t in local["per_turn"]], time.perf_counter() - t0)
@@ -509,6 +514,7 @@ def score_policies(wh: "Warehouse", cfg: "PivotConfig", verifiers, policies: lis
     """Score every policy on the fixed sets (each of its draws) and the probe, cached per model."""
     from pivot_assets.core.hardware import configure_torch
     from pivot_assets.core.progress import Progress
+    from pivot_assets.policies.factory import EngineSlot
 
     from .ood_probe import probe_items
     from .runs import model_fingerprint
@@ -525,15 +531,19 @@ def score_policies(wh: "Warehouse", cfg: "PivotConfig", verifiers, policies: lis
     progress = Progress(total=len(wanted), unit=unit, log=log, every_s=0)  # before the workers: their time counts
     by_fp = _score_in_workers(wh, cfg, wanted, rows, probe, verifiers, log)
     adv = set(sets["adv"])
-    for fp, (model, model_draws) in wanted.items():
-        if fp not in by_fp:
-            by_fp[fp] = policy_scores(wh, cfg, model, fp, model_draws, rows, probe, verifiers, log)
-        scores = by_fp[fp]
-        local = [v for d in model_draws for t, v in scores["turns"][d].items() if t in adv]
-        ood = sum(scores["ood"]) / len(scores["ood"]) if scores["ood"] else None
-        progress.update(1, f"{Path(model).name if '/' in model else model}{' (cached)' if scores['cached'] else ''}: "
-                           f"adv {fmt_accuracy(sum(local) / len(local) if local else None)} over {len(model_draws)} "
-                           f"draw(s), ood {fmt_accuracy(ood)}", cached=scores["cached"])
+    with EngineSlot(evaluation_engine(cfg), threads=cfg.runtime.threads) as engines:  # one engine for the models in turn
+        for fp, (model, model_draws) in wanted.items():
+            if fp not in by_fp:
+                by_fp[fp] = policy_scores(wh, cfg, model, fp, model_draws, rows, probe, verifiers, log, engines)
+            scores = by_fp[fp]
+            local = [v for d in model_draws for t, v in scores["turns"][d].items() if t in adv]
+            ood = sum(scores["ood"]) / len(scores["ood"]) if scores["ood"] else None
+            progress.update(1, f"{Path(model).name if '/' in model else model}"
+                               f"{' (cached)' if scores['cached'] else ''}: adv "
+                               f"{fmt_accuracy(sum(local) / len(local) if local else None)} over {len(model_draws)} "
+                               f"draw(s), ood {fmt_accuracy(ood)}", cached=scores["cached"])
+    if engines.starts or engines.reloads:
+        log(f"evaluation engine: {engines.starts} start(s), {engines.reloads} weight reload(s) into a running engine")
     scored = [(p, {**by_fp[model_fingerprint(p.model, cfg)], "model_fp": model_fingerprint(p.model, cfg)})
               for p in policies]
     return Scored(scored, sets, key, turn_conversations(wh, set().union(*sets.values())))

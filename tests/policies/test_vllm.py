@@ -211,3 +211,30 @@ def test_expert_likelihood_equals_the_transformers_backends_in_any_order(engine,
 
 
 TEACHER_FORCING_TOLERANCE = 1e-4  # nats per token (measured: <= 2e-5 over a whole action) between the two engines' fp32 forward passes
+
+
+def test_one_engine_draws_for_each_checkpoint_what_its_own_engine_draws(engine, embedded_model_dir, tmp_path):
+    """EngineSlot on vLLM (evaluation's one engine for the models in turn): another checkpoint of the family in a
+    new engine, then the module engine's checkpoint and the other one again loaded into that engine's weights.
+    Each draw equals the draw of an engine started on that checkpoint, although the prefix cache held the same
+    prompts under the other weights (it is emptied on each load); one engine start for three checkpoints."""
+    from pivot_assets.policies.factory import EngineSlot
+
+    from .test_engine_slot import perturbed_checkpoint
+
+    other = perturbed_checkpoint(embedded_model_dir, tmp_path / "other")
+    requests = _requests()
+    rows = {r.turn_id: [(i, 500 + i) for i in range(SAMPLING.k)] for r in requests}
+
+    def draw(backend) -> dict:
+        return {k: s.completion for k, s in _by_key(
+            [s for b in backend.generate(requests, SAMPLING, rows=rows) for s in b]).items()}
+
+    on_base = draw(engine)
+    with EngineSlot({"backend": "vllm", "dtype": "float32", "engine_args": VLLM_TEST_ENGINE}, threads=1) as slot:
+        on_other = draw(slot.engine_for(str(other)))
+        assert on_other != on_base  # other weights draw otherwise
+        assert draw(slot.engine_for(str(embedded_model_dir))) == on_base
+        assert slot.engine.fingerprint == policy_fingerprint(str(embedded_model_dir))
+        assert draw(slot.engine_for(str(other))) == on_other
+        assert (slot.starts, slot.reloads) == (1, 2)

@@ -105,6 +105,16 @@ def test_local_accuracy_on_two_pivots(embedded_model_dir):
         assert len(t["rewards"]) == 2 and all(0.0 <= r <= 1.0 for r in t["rewards"])
         assert t["reward_mean"] == sum(t["rewards"]) / 2
     assert out["local_accuracy"] == sum(t["reward_mean"] for t in out["per_turn"]) / 2
+    # the same draw through an engine the caller keeps across models (evaluation's EngineSlot): left open for the next
+    from pivot_assets.core.config import PolicySection
+    from pivot_assets.policies.factory import EngineSlot
+
+    with EngineSlot(PolicySection()) as slot:
+        kept = local_accuracy(str(embedded_model_dir), pivots, DomainVerifiers(None), k=2, max_new_tokens=24, seed=0,
+                              engines=slot)
+        assert slot.engine is not None and slot.starts == 1
+    assert [t["rewards"] for t in kept["per_turn"]] == [t["rewards"] for t in out["per_turn"]]
+    assert [t["reasons"] for t in kept["per_turn"]] == [t["reasons"] for t in out["per_turn"]]
 
 
 def test_local_accuracy_without_pivots_is_none():
