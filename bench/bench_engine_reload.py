@@ -1,6 +1,6 @@
 """One vLLM engine for checkpoints scored in turn vs an engine per checkpoint (evaluation's EngineSlot).
 
-For each checkpoint given (default: the embedded policy twice, which measures the reload alone): an engine started
+For each checkpoint given (default: the embedded policy, then itself again: the engine is kept): an engine started
 on it (wall seconds of the start) draws a fixed set of seeded samples; then ONE engine goes through the checkpoints
 in turn, each loaded into its running weights (policies/factory.EngineSlot, vLLM's in-place reload and an emptied
 prefix cache), and draws the same samples. The table: start vs reload seconds, and whether each reloaded draw is
@@ -68,12 +68,12 @@ def main() -> None:
     rows = []
     with EngineSlot(policy, threads=1) as slot:  # one engine through the checkpoints in turn
         for i, model in enumerate(args.models):
-            before = slot.starts
+            before = (slot.starts, slot.reloads)
             t0 = time.perf_counter()
-            engine = slot.engine_for(model) if i == 0 or model != args.models[i - 1] else _reload_same(slot, model)
+            engine = slot.engine_for(model)
             switch_s = time.perf_counter() - t0
             same = draw(engine, sampling) == started[i][1]
-            how = "start" if slot.starts > before else "reload"
+            how = "start" if slot.starts > before[0] else "reload" if slot.reloads > before[1] else "kept"
             rows.append((model, started[i][0], how, switch_s, same))
             print(f"{model}: {how} in {switch_s:.1f} s, draw equal to its own engine's: {same}", flush=True)
         starts, reloads = slot.starts, slot.reloads
@@ -94,13 +94,6 @@ def main() -> None:
               f"an engine per checkpoint: {len(args.models)} starts, {sum(s for _, s, *_ in rows):.0f} s of starts."]
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-
-
-def _reload_same(slot: EngineSlot, model: str):
-    """The same checkpoint twice in a row: time a reload anyway (the slot would keep the engine as it is)."""
-    slot.engine.load_model(model)
-    slot.reloads += 1
-    return slot.engine
 
 
 if __name__ == "__main__":

@@ -73,9 +73,8 @@ def build_backend(policy: PolicySection | Mapping, *, model: str | None = None,
 class EngineSlot:
     """One engine at a time for checkpoints scored in turn (evaluation): the next checkpoint's weights are loaded
     into the running engine where the engine can (capability `reloads_weights`) and the checkpoint has the same
-    architecture and tokenizer; otherwise the engine is closed and a new one built. On vLLM's CPU build an engine
-    start is about a minute, the sampling of a held-out draw about as long: one start instead of one per draw and
-    model. `starts` and `reloads` count what happened."""
+    architecture and tokenizer; otherwise the engine is closed and a new one built. On vLLM's CPU build a start
+    took 90 s and a reload under a second (bench/RESULTS_engine_reload.md). `starts` and `reloads` count them."""
 
     def __init__(self, policy: PolicySection | Mapping, *, threads: int | str | None = "auto"):
         self.policy = policy_section(policy)

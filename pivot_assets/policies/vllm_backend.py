@@ -127,7 +127,7 @@ class VLLMBackend:
         self.tokenizer = self.llm.get_tokenizer()
         configure_tokenizer(self.tokenizer, model, fmt)
         self.stop_ids = stop_token_ids(self.tokenizer, load_generation_config(path))
-        self.model, self.path = model, path
+        self.path = path  # the checkpoint loaded now (load_model compares the next one with it)
         self.fmt = fmt
         self.batch_size = batch_size
         self.fingerprint = policy_fingerprint(model, fmt)
@@ -155,7 +155,7 @@ class VLLMBackend:
             raise RuntimeError(f"vLLM did not empty its prefix cache after loading {path}")
         configure_tokenizer(self.tokenizer, model, self.fmt)  # the template may come from the checkpoint (auto)
         self.stop_ids = stop_token_ids(self.tokenizer, load_generation_config(path))
-        self.model, self.path = model, path
+        self.path = path
         self.fingerprint = policy_fingerprint(model, self.fmt)
         return True
 

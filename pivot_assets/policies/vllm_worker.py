@@ -12,13 +12,14 @@ from __future__ import annotations
 class CheckpointLoader:
     def load_checkpoint(self, path: str) -> None:
         """Load the checkpoint at `path` into the running model in place."""
-        self.model_runner.reload_weights(weights_path=path)
         model = self.model_runner.get_model()
-        if getattr(self.model_runner.model_config.hf_config, "tie_word_embeddings", False):
-            head = getattr(model, "lm_head", None)
-            embed = getattr(getattr(model, "model", None), "embed_tokens", None)
-            if head is None or embed is None:
-                raise RuntimeError(f"{type(model).__name__} ties its LM head to its embeddings under other names: "
-                                   "its checkpoints need an engine each")
+        tied = getattr(self.model_runner.model_config.hf_config, "tie_word_embeddings", False)
+        head = getattr(model, "lm_head", None)
+        embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+        if tied and (head is None or embed is None):  # checked before any weight changes
+            raise RuntimeError(f"{type(model).__name__} ties its LM head to its embeddings under other names: "
+                               "its checkpoints need an engine each")
+        self.model_runner.reload_weights(weights_path=path)
+        if tied:
             head.tie_weights(embed)
             head.quant_method.process_weights_after_loading(head)
