@@ -55,7 +55,38 @@ def shared_data_dir() -> Path:
     return SHARED_DATA
 
 
+# Under pytest-xdist (`make test` runs 2 workers, --dist loadgroup): the modules that start a Ray head, a vLLM
+# engine or ranks of a launched training run go to one worker, one after another, so no two of them ever share the
+# box's memory or cores (a Ray head's workers plus a vLLM engine plus a long SFT exceed 24 GB); every other module is
+# one unit, so its module-scoped fixtures are built once.
+EXCLUSIVE_GROUP = "exclusive"
+EXCLUSIVE_DIRS = ("tests/scale/",)
+EXCLUSIVE_MODULES = ("tests/training/test_launcher.py",)
+
+
+def _exclusive(item) -> bool:
+    path = item.nodeid.split("::", 1)[0]
+    return (bool(item.get_closest_marker("vllm")) or path.startswith(EXCLUSIVE_DIRS) or path in EXCLUSIVE_MODULES)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the group marks into node ids
 def pytest_collection_modifyitems(config, items):
+    _group_for_workers(items)
+    _skip_vllm_where_missing(items)
+
+
+def _group_for_workers(items) -> None:
+    """An xdist_group per module, one shared group for every module that has an exclusive test (see above)."""
+    modules = {}
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        modules[path] = modules.get(path, False) or _exclusive(item)
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(EXCLUSIVE_GROUP if modules[path] else path))
+
+
+def _skip_vllm_where_missing(items) -> None:
     """Tests marked `vllm` skip with one line where vLLM is not installed (`make setup-vllm` installs its CPU build)."""
     marked = [item for item in items if item.get_closest_marker("vllm")]
     if not marked:
@@ -68,7 +99,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
-def _no_inherited_pivot_config(monkeypatch):
+def _no_inherited_pivot_config(monkeypatch, tmp_path_factory):
     """A $PIVOT_CONFIG from the shell would pick every test's config (core/config.py resolution order): each test
-    names its own, or its project's ./pivot.yaml."""
+    names its own, or its project's ./pivot.yaml. Each test gets its own Dagster instance too: the one `make`
+    exports is shared, and two test workers writing one instance's SQLite would lock each other out."""
     monkeypatch.delenv("PIVOT_CONFIG", raising=False)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path_factory.mktemp("dagster_home")))
