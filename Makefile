@@ -52,14 +52,14 @@ demo: setup
 	-$(VENV)/bin/pivot sql pivot_funnel
 	-$(VENV)/bin/pivot sql policy_comparison
 
-# make test: two pytest workers (tests/conftest.py keeps the Ray, vLLM and launched-training modules on one of
+# make test: two pytest workers (tests/conftest.py keeps the Ray and vLLM modules on one of
 # them, in turn); TEST_WORKERS=0 runs the suite in this one process.
 TEST_WORKERS ?= 2
 
 test: setup
 	$(VENV)/bin/ruff check --select F pivot_assets pivot_jobs tests bench definitions.py
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest -q -x --durations=15 -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -q -x --durations=15 -n $(TEST_WORKERS)
 	$(VENV)/bin/mkdocs build --strict -q
 
 ui: setup

@@ -55,35 +55,46 @@ def shared_data_dir() -> Path:
     return SHARED_DATA
 
 
-# Under pytest-xdist (`make test` runs 2 workers, --dist loadgroup): the modules that start a Ray head, a vLLM
-# engine or ranks of a launched training run go to one worker, one after another, so no two of them ever share the
-# box's memory or cores (a Ray head's workers plus a vLLM engine plus a long SFT exceed 24 GB); every other module is
-# one unit, so its module-scoped fixtures are built once.
-EXCLUSIVE_GROUP = "exclusive"
+# Under pytest-xdist (`make test` runs 2 workers): the modules that start a Ray head or a vLLM engine form one unit
+# of work, so one worker runs them one after another and they never share the box's memory or cores (a Ray head's
+# workers plus a vLLM engine plus a long SFT exceed 24 GB); every other module is a unit of its own, so its
+# module-scoped fixtures are built once.
+EXCLUSIVE_UNIT = "exclusive"
 EXCLUSIVE_DIRS = ("tests/scale/",)
-EXCLUSIVE_MODULES = ("tests/training/test_launcher.py",)
+EXCLUSIVE_MODULES = ("tests/gpu/test_devices.py", "tests/policies/test_policies.py", "tests/policies/test_vllm.py",
+                     "tests/profiling/test_vllm_rollouts.py")
 
 
-def _exclusive(item) -> bool:
-    path = item.nodeid.split("::", 1)[0]
-    return (bool(item.get_closest_marker("vllm")) or path.startswith(EXCLUSIVE_DIRS) or path in EXCLUSIVE_MODULES)
+def unit_of(nodeid: str) -> str:
+    """The unit of work a test belongs to (its module, or the exclusive unit)."""
+    module = nodeid.split("::", 1)[0]
+    return EXCLUSIVE_UNIT if module.startswith(EXCLUSIVE_DIRS) or module in EXCLUSIVE_MODULES else module
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the group marks into node ids
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scope scheduling with unit_of as the scope (its own xdist_group marks no longer reach the scheduler
+    under pytest 9, whose node ids ignore the suffix xdist writes)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    return UnitScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    _group_for_workers(items)
+    _check_vllm_modules_are_exclusive(items)
     _skip_vllm_where_missing(items)
 
 
-def _group_for_workers(items) -> None:
-    """An xdist_group per module, one shared group for every module that has an exclusive test (see above)."""
-    modules = {}
-    for item in items:
-        path = item.nodeid.split("::", 1)[0]
-        modules[path] = modules.get(path, False) or _exclusive(item)
-    for item in items:
-        path = item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(EXCLUSIVE_GROUP if modules[path] else path))
+def _check_vllm_modules_are_exclusive(items) -> None:
+    """The scheduler sees node ids only, not marks: a module with a `vllm` test must be listed above."""
+    loose = sorted({i.nodeid.split("::", 1)[0] for i in items if i.get_closest_marker("vllm")} -
+                   {i.nodeid.split("::", 1)[0] for i in items if unit_of(i.nodeid) == EXCLUSIVE_UNIT})
+    if loose:
+        raise pytest.UsageError(f"vLLM tests outside the exclusive unit (tests/conftest.py EXCLUSIVE_MODULES): {loose}")
 
 
 def _skip_vllm_where_missing(items) -> None:
