@@ -48,6 +48,24 @@ def embedded_model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_model_dir(embedded_model_dir, tmp_path_factory) -> Path:
+    """The tiny random-weight policy (tests/tiny_model.py), built once per test run and shared by the xdist
+    workers (their base temp dirs share a parent; a file lock lets one of them build it)."""
+    from filelock import FileLock
+
+    from tests.tiny_model import build_tiny_model
+
+    root = tmp_path_factory.getbasetemp().parent
+    target = root / "tiny-llama"
+    with FileLock(str(root / "tiny-llama.lock")):
+        if not (target / "config.json").is_file():
+            building = root / "tiny-llama.building"
+            build_tiny_model(embedded_model_dir, building)
+            building.rename(target)
+    return target
+
+
+@pytest.fixture(scope="session")
 def shared_data_dir() -> Path:
     """../shared/data relative to the repo root; skips the test when the shared data is absent."""
     if not SHARED_DATA.is_dir():

@@ -319,6 +319,10 @@ class AblationSection(_Strict):
 class SFTSection(_Strict):
     """The SFT warm-up on the expert trajectories (the policy GRPO starts from with training.init: sft)."""
 
+    model: Annotated[str, In(SFT)] = Field("embedded", description=(
+        "With `policy.model: sft` (the warm-up is the reference): the pretrained model the warm-up starts from and "
+        "the base policy of every comparison (a local dir, a Hub id or `embedded`). Otherwise the warm-up starts "
+        "from policy.model."))
     steps: Annotated[int, In(SFT)] = Field(12, ge=1, description="SFT optimizer steps.")
     learning_rate: Annotated[float, In(SFT)] = Field(1.0e-4, gt=0, description="SFT learning rate.")
     batch_size: Annotated[int, In(SFT)] = Field(2, ge=1, description="Examples per SFT step.")
@@ -451,6 +455,13 @@ class PivotConfig(_Strict):
     def source(self) -> str:
         """The config file this was loaded from (or "built-in defaults"): the start of a config error's line."""
         return self._source
+
+    @model_validator(mode="after")
+    def _sft_model_with_sft_policy(self):
+        if self.sft.model != "embedded" and self.policy.model != "sft":
+            raise ValueError(f"sft.model applies with policy.model: sft; the warm-up of policy.model "
+                             f"{self.policy.model!r} starts from that model (drop sft.model)")
+        return self
 
     @model_validator(mode="after")
     def _ray_seeds_per_sample(self):

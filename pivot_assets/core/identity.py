@@ -85,7 +85,10 @@ def pivots_version(pivots: BaseModel) -> str:
 def sft_identity(sft: BaseModel, device: str) -> dict:
     """The `sft:` section's part of the SFT model's identity: the dtype as resolved on the device SFT runs on
     (training/runs.sft_identity adds the split)."""
-    return {**values(sft, SFT), "dtype": resolve_dtype(sft.dtype, device).dtype, "trainer": SFT_TRAINER}
+    section = values(sft, SFT)
+    if section.get("model") == "embedded":
+        section.pop("model")  # the default keeps the keys of models trained before the field existed
+    return {**section, "dtype": resolve_dtype(sft.dtype, device).dtype, "trainer": SFT_TRAINER}
 
 
 def training_identity(training: BaseModel, device: str = "cpu") -> dict:

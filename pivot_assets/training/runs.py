@@ -16,14 +16,13 @@ from pivot_assets.core.warehouse import Warehouse
 MARKER = ".pivot_key"
 # Bounds applied when run_grpo(cpu_smoke=True): the smoke run must finish in minutes on 2 cores.
 CPU_SMOKE_CAPS = {"steps": 8, "num_generations": 4, "max_completion_length": 48}
-EMBEDDED = "embedded"
 SFT_DIR, GRPO_DIR = "sft_policy", "grpo_policy"
 
 
 def base_model(cfg: PivotConfig) -> str:
-    """The pretrained policy everything starts from: `policy.model`, or the embedded model when the
-    reference policy is the SFT warm-up itself (`policy.model: sft`)."""
-    return EMBEDDED if cfg.policy.model == "sft" else cfg.policy.model
+    """The pretrained policy everything starts from: `policy.model`, or the warm-up's own start (`sft.model`)
+    when the reference policy is the SFT warm-up itself (`policy.model: sft`)."""
+    return cfg.sft.model if cfg.policy.model == "sft" else cfg.policy.model
 
 
 def init_model(wh: Warehouse, cfg: PivotConfig) -> str:
