@@ -134,8 +134,8 @@ def test_real_nemo_gym_pivot_rows_survive_ingest_and_export(shared_data_dir, tmp
     """Shared example rows -> our trajectories -> pivot of their last turn -> export -> the same input items' content."""
     source = shared_data_dir / "nemo-gym/resources_servers/single_step_tool_use_with_argument_comparison/data"
     rows = [row for kind, row in iter_ingest([{"path": str(source / "example.jsonl"), "format": "responses"}]) if kind == "trajectory"]
-    if not rows:
-        pytest.skip("no trajectories read from the shared example")
+    # an ingest that reads nothing from the example is the regression this test is here to catch: fail, don't skip
+    assert rows, f"no trajectories read from {source / 'example.jsonl'}"
     trajectories = pl.DataFrame(rows)
     pivots = pl.DataFrame([
         {"turn_id": turn_id(r["trajectory_id"], len(r["messages"]) - 1), "trajectory_id": r["trajectory_id"], "domain": r["domain"],
@@ -144,7 +144,10 @@ def test_real_nemo_gym_pivot_rows_survive_ingest_and_export(shared_data_dir, tmp
         for i, r in enumerate(rows)
     ])
     originals = [json.loads(line) for line in (source / "example.jsonl").read_text().splitlines() if line.strip()]
-    for ours, original in zip(to_nemo_gym_rows(pivots, trajectories), originals):
+    exported = list(to_nemo_gym_rows(pivots, trajectories))
+    # one trajectory per example row, one exported row per pivot: zip alone would hide a dropped or an extra row
+    assert len(rows) == len(originals) and len(exported) == len(originals)
+    for ours, original in zip(exported, originals):
         assert _strip_ids(ours["expected_action"]) == _strip_ids(original["expected_action"])
         texts = [_item_text(i) for i in ours["responses_create_params"]["input"]]
         assert texts == [_item_text(i) for i in original["responses_create_params"]["input"]]
@@ -172,8 +175,9 @@ def test_state_errors_are_clear(worlds):
 
 
 @pytest.mark.slow
-def test_hf_export_feeds_grpo_trainer_unchanged(worlds, tmp_path, embedded_model_dir):
-    """load_from_disk -> GRPOTrainer(train_dataset=...) -> one optimizer step, no column edits."""
+def test_hf_export_feeds_grpo_trainer_unchanged(worlds, tmp_path, tiny_model_dir):
+    """load_from_disk -> GRPOTrainer(train_dataset=...) -> one optimizer step, no column edits. The dataset's plumbing
+    is under test, not the model: the tiny random-weight policy (tests/tiny_model.py) stands in for it."""
     from datasets import load_from_disk
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
@@ -188,8 +192,8 @@ def test_hf_export_feeds_grpo_trainer_unchanged(worlds, tmp_path, embedded_model
         names = [c.get("name", "") for c in map(json.loads, expert_action)]
         return [float(bool(n) and n in c[0]["content"]) for n, c in zip(names, completions)]
 
-    tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir)
-    model = AutoModelForCausalLM.from_pretrained(embedded_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     args = GRPOConfig(
         output_dir=str(tmp_path / "out"), max_steps=1, per_device_train_batch_size=2, num_generations=2,
         max_completion_length=4, logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, seed=0,
