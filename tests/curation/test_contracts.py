@@ -254,10 +254,35 @@ def test_profiles_contract_joins_rewards_in_sql(world, tmp_path):
     assert failure["unexpected_count"] == 1 and failure["sample_rows"][0]["k_gap"] == -1
 
 
-def test_prewarm_builds_one_context_in_the_background(world):
+def test_prewarm_builds_one_context_in_the_background(world, monkeypatch):
+    """Two prewarm() calls build the GE context once, in a background thread, and the first check then uses that
+    context instead of building its own. (Comparing `_context()` with itself could not fail: the cache returns
+    one object by construction; what can break is how many builds there are and where they run.)"""
+    import threading
+
     from pivot_assets.curation import contracts
 
+    def prewarm_threads():
+        return [t for t in threading.enumerate() if t.name == "pivot-contracts-prewarm"]
+
+    for thread in prewarm_threads():  # a prewarm started before this test must not build into our count
+        thread.join(timeout=120)
+    builds: list[tuple[str, tuple]] = []
+    real_build = contracts._build_context
+
+    def counting_build():
+        built = real_build()
+        builds.append((threading.current_thread().name, built))
+        return built
+
+    monkeypatch.setattr(contracts, "_CONTEXT", None)  # restored after the test: later tests keep their context
+    monkeypatch.setattr(contracts, "_build_context", counting_build)
     contracts.prewarm()
     contracts.prewarm()
-    assert contracts._context() is contracts._context()
+    for thread in prewarm_threads():
+        thread.join(timeout=120)
+    assert not prewarm_threads(), "prewarm still building after 120 s"
+    assert [name for name, _ in builds] == ["pivot-contracts-prewarm"]  # one build, in the background
+    assert contracts._context() is builds[0][1]  # the check's context is the one prewarm built
     assert check(world, "quarantine").success
+    assert len(builds) == 1  # the check built nothing more
