@@ -2,7 +2,8 @@
 
 PINS were computed on the commit before the identity module (9aaad9e): code versions of the assets (not
 rollout_rewards, which follows the verifiers' code), sampling fingerprints and run keys with the warehouse's data
-versions, model fingerprints and split stubbed. A change here makes existing warehouses recompute: on purpose only.
+versions, model fingerprints and split stubbed; REAL_PINS pin those pieces themselves, unstubbed, on a model dir and
+a warehouse the test writes byte for byte. A change here makes existing warehouses recompute: on purpose only.
 Changed on purpose since: local_key and eval_key (evaluation draws seeded per sample, as profiling's); the SFT keys
 (sft_key, own:sft_policy, the same-data SFT arm, ablation_results) when trl.SFTTrainer replaced the plain loop.
 """
@@ -198,3 +199,132 @@ def test_one_hash_for_k():
     s = SamplingConfig(k=3)
     assert s.fingerprint == identity.fingerprint({"k": 3, "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 256,
                                                   "seed": 0})
+
+
+# -- the pieces the stubs above stand in for, unstubbed, on fixed inputs ------------------------------------------
+# The PINS above hold with model_fingerprint, has_cuda, trajectories_version and split_fingerprint stubbed: a change
+# in any of those would change every real identity and still pass them. These pin each piece on inputs the test
+# writes byte for byte (a model dir, a warehouse), and the keys composed from them. A change here makes existing
+# warehouses retrain and re-evaluate: on purpose only.
+FIXED_TEMPLATE = ("{%- for tool in tools or [] %}{{ tool | tojson }}\n{% endfor %}"
+                  "{%- for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+                  "{%- if add_generation_prompt %}<|assistant|>{% endif %}")
+FIXED_MODEL_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8,
+                      "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+                      "num_key_value_heads": 1, "vocab_size": 16, "_name_or_path": "/a/place/not/the/model"}
+# trajectory id -> source conversation (None: its own), three conversations of two trajectories among them
+FIXED_GROUPS = {f"traj{i:02d}": (f"conv{i // 2}" if i < 6 else None) for i in range(24)}
+REAL_PINS = {
+    "model_fingerprint": "local|w:7204b9f88b1220be|t:79a6f4f782a3b488",
+    "model_fingerprint:embedded_template": "local|w:7204b9f88b1220be|t:81febc3f2f723331",
+    "model_fingerprint:thinking_strip": "local|w:7204b9f88b1220be|t:79a6f4f782a3b488|think:strip",
+    "trajectories_version": "fa43776ce0d61d57",
+    "split_fingerprint:two_way": "43bb1cd52df6c7c1",
+    "split_fingerprint:three_way": "bba1daf0ffdbedf6",
+    "sft_key": "b2cbf83ec71edf43",
+    "grpo_key": "e15f19cffe20fc06",
+    "arm_key:grpo_adv": "c7866b6a3319ddcb",
+    "arm_key:sft_same_data": "bb6a743765563ece",
+}
+
+
+def write_fixed_model(path: Path) -> Path:
+    """A model dir whose bytes are fixed: config.json, one safetensors file of fixed values, a chat template that
+    renders tools. What model_fingerprint reads, and nothing a library version or a CPU writes differently."""
+    import json
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps(FIXED_MODEL_CONFIG, indent=2, sort_keys=True), encoding="utf-8")
+    save_file({"model.embed_tokens.weight": (np.arange(128, dtype=np.float32) / 128).reshape(16, 8)},
+              str(path / "model.safetensors"))
+    (path / "chat_template.jinja").write_text(FIXED_TEMPLATE, encoding="utf-8")
+    return path
+
+
+def write_fixed_warehouse(root: Path):
+    import pyarrow as pa
+
+    from pivot_assets.core.warehouse import Warehouse
+
+    wh = Warehouse(root)
+    wh.write_table("trajectories", pa.table({"trajectory_id": list(FIXED_GROUPS),
+                                             "conversation_id": list(FIXED_GROUPS.values())}))
+    return wh
+
+
+def real_identity_values(tmp_path: Path, monkeypatch) -> dict:
+    from pivot_assets.training.split import config_split, split_fingerprint
+
+    model = str(write_fixed_model(tmp_path / "somewhere" / "model"))
+    wh = write_fixed_warehouse(tmp_path / "wh")
+    cfg = PivotConfig.model_validate({"policy": {"model": model},
+                                      "training": {"init": "reference", "eval_fraction": 0.3}})
+    three_way = cfg.model_copy(update={"training": cfg.training.model_copy(update={"warmup_fraction": 0.25})})
+    out = {
+        "model_fingerprint": runs.model_fingerprint(model, cfg),
+        "model_fingerprint:embedded_template": runs.model_fingerprint(
+            model, cfg.model_copy(update={"policy": cfg.policy.model_copy(update={"chat_template": "embedded"})})),
+        "model_fingerprint:thinking_strip": runs.model_fingerprint(
+            model, cfg.model_copy(update={"policy": cfg.policy.model_copy(update={"thinking": "strip"})})),
+        "trajectories_version": runs.trajectories_version(wh),
+        "split_fingerprint:two_way": split_fingerprint(wh, config_split(cfg)),
+        "split_fingerprint:three_way": split_fingerprint(wh, config_split(three_way)),
+    }
+    # the composed keys also name the training device: pinned as on a CPU box (has_cuda is pinned on its own below)
+    monkeypatch.setattr(runs, "has_cuda", lambda: False)
+    out["sft_key"] = runs.sft_key(wh, cfg)
+    out["grpo_key"] = runs.grpo_key(wh, cfg, "vfp")
+    for arm in ("grpo_adv", "sft_same_data"):
+        out[f"arm_key:{arm}"] = runs.arm_key(wh, cfg, arm, 1, "vfp", ["t1", "t2"])
+    return out
+
+
+def test_real_identity_pieces_on_fixed_inputs_are_unchanged(tmp_path, monkeypatch):
+    got = real_identity_values(tmp_path, monkeypatch)
+    assert got == REAL_PINS
+    # the split's sides are not empty: the two-way and three-way fingerprints hash real held-out / warm-up sets
+    assert got["split_fingerprint:two_way"] != got["split_fingerprint:three_way"]
+
+
+def test_real_identity_pieces_follow_their_inputs(tmp_path, monkeypatch):
+    """Each pinned piece moves with what it names, and not with where the model or the warehouse lies."""
+    import pyarrow as pa
+
+    base = real_identity_values(tmp_path / "a", monkeypatch)
+    assert real_identity_values(tmp_path / "b", monkeypatch) == base  # other paths, same bytes: same identities
+    model = tmp_path / "a" / "somewhere" / "model"
+    (model / "chat_template.jinja").write_text(FIXED_TEMPLATE + " ", encoding="utf-8")
+    assert runs.model_fingerprint(str(model), PivotConfig.model_validate({"policy": {"model": str(model)}})) \
+        != base["model_fingerprint"]
+    from pivot_assets.core.warehouse import Warehouse
+
+    wh = Warehouse(tmp_path / "a" / "wh")
+    wh.write_table("trajectories", pa.table({"trajectory_id": list(FIXED_GROUPS)[:-1],
+                                             "conversation_id": list(FIXED_GROUPS.values())[:-1]}))
+    assert runs.trajectories_version(wh) != base["trajectories_version"]
+
+
+def test_has_cuda_is_torchs_answer():
+    """The stub above says has_cuda() is False; the real one asks torch, and the training device follows it."""
+    import torch
+
+    assert runs.has_cuda() is torch.cuda.is_available()
+    assert runs.training_device() == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_tiny_model_is_built_the_same_every_time(tiny_model_dir, embedded_model_dir, tmp_path):
+    """tests/tiny_model.py's model stands in for the embedded one in the plumbing tests, which compare identities
+    computed from it across runs: two builds from its seed give the same weights, so the same model fingerprint.
+    (On one machine: torch's CPU kernels draw the random init differently without AVX2, so no value is pinned.)"""
+    from pivot_assets.policies.models import PromptFormat, policy_fingerprint
+    from tests.tiny_model import build_tiny_model
+
+    first = build_tiny_model(embedded_model_dir, tmp_path / "first")
+    second = build_tiny_model(embedded_model_dir, tmp_path / "second")
+    fingerprints = {policy_fingerprint(str(p), PromptFormat()) for p in (first, second, tiny_model_dir)}
+    assert len(fingerprints) == 1, fingerprints
+    other_seed = build_tiny_model(embedded_model_dir, tmp_path / "other", seed=1)
+    assert policy_fingerprint(str(other_seed), PromptFormat()) not in fingerprints  # the weights are in it
