@@ -52,6 +52,12 @@ def test_a_head_that_never_answers_well_fails_after_the_window():
         t0 = time.monotonic()
         with pytest.raises(Exception, match="Expecting value"):
             job_client(address, wait_s=2)
-        assert 2 <= time.monotonic() - t0 < 10 and len(calls) >= 2
+        waited = time.monotonic() - t0
+        # it waited out its window, asking again after a bad answer (lower bounds: a loaded machine only adds time)
+        assert waited >= 2 and len(calls) >= 2, (waited, calls)
+        # ... and then gave up by itself with the server's error: a client that never gives up would ask on forever
+        # (this server never answers well). The bound only has to tell the two apart: a 2 s window, one 1 s pause
+        # and a slow last call take well under a minute even on a loaded 2-core machine.
+        assert waited < 60, waited
     finally:
         server.shutdown()
