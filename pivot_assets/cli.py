@@ -1,8 +1,9 @@
 """`pivot`: run the pipeline, see what is stale, query the warehouse, score pairs, check contracts, export.
 
 Every verb takes --config FILE (else $PIVOT_CONFIG, else ./pivot.yaml, else the built-in defaults).
-Errors are one line on stderr and a non-zero exit; set PIVOT_DEBUG=1 for a traceback. `pivot run` works in a
-supervised child (supervisor.py); a sharded config runs one process per shard (shard_runs.py).
+Errors are one line on stderr and a non-zero exit; `--debug` (or PIVOT_DEBUG=1) shows the traceback. `pivot run`
+checks what the config names before it runs anything (preflight.py), works in a supervised child (supervisor.py),
+and runs a sharded config as one process per shard (shard_runs.py).
 """
 
 from __future__ import annotations
@@ -35,32 +36,27 @@ def _defs_and_instance(args):
 
 
 def cmd_run(args) -> int:
-    from pivot_assets.runner import parse_selection, plan_runs, print_report, run_assets, stale_targets
+    from pivot_assets.runner import plan_runs, print_report, run_assets
 
     cfg, defs, instance = _defs_and_instance(args)
+    shard = getattr(args, "shard", None)  # `pivot ablate` has no --shard
     if args.missing and not args.stale:
         raise ValueError("--missing goes with --stale")
-    if getattr(args, "shard", None) is None:  # a shard run's rollouts step checks its own shard's parts
-        set_aside_damaged_parts(cfg)
-    if getattr(args, "shard", None) is not None:
-        if args.stale:
-            raise ValueError("--shard and --stale are exclusive (`pivot run --stale` runs the stale shards)")
+    if shard is not None and args.stale:
+        raise ValueError("--shard and --stale are exclusive (`pivot run --stale` runs the stale shards)")
+    if args.stale and args.select:
+        raise ValueError("--stale and --select are exclusive")
+    targets = _run_targets(args, defs, instance)
+    if not targets:
+        print("nothing is stale" + ("" if args.missing else " (never-materialized assets run with --missing)"))
+        return 0
+    keys = sorted({k for k, _ in targets}, key=lambda k: k.to_user_string())
+    defs = _preflight(cfg, defs, keys)
+    if shard is not None:  # a shard run's rollouts step checks its own shard's parts
         from pivot_assets.shard_runs import run_one_shard
 
-        return run_one_shard(cfg, defs, instance, args.shard, args.select)
-    if args.stale:
-        if args.select:
-            raise ValueError("--stale and --select are exclusive")
-        rows = [r for r in stale_targets(defs, instance, include_missing=args.missing)
-                if r.status == "STALE" or args.missing]
-        if not rows:
-            print("nothing is stale" + ("" if args.missing else " (never-materialized assets run with --missing)"))
-            return 0
-        keys = parse_selection(defs, ",".join(dict.fromkeys(r.key.to_user_string() for r in rows)))
-        targets = [(r.key, r.partition) for r in rows] + [(k, None) for k in keys if k not in {r.key for r in rows}]
-    else:
-        keys = parse_selection(defs, args.select)
-        targets = [(k, None) for k in keys]
+        return run_one_shard(cfg, defs, instance, shard, args.select)
+    set_aside_damaged_parts(cfg)
     plan = plan_runs(defs, targets)
     if plan.shards:
         from pivot_assets.shard_runs import run_sharded
@@ -72,6 +68,32 @@ def cmd_run(args) -> int:
         return 1
     print(f"warehouse: {cfg.warehouse_dir} (duckdb {cfg.warehouse_dir / 'pivot.duckdb'})")
     return 0
+
+
+def _run_targets(args, defs, instance) -> list:
+    """(asset key, partition or None) the run materializes: the selection, or with --stale the stale assets (and
+    shards) with the rest of their multi-assets; empty when nothing is stale."""
+    from pivot_assets.runner import parse_selection, stale_targets
+
+    if not args.stale:
+        return [(k, None) for k in parse_selection(defs, args.select)]
+    rows = [r for r in stale_targets(defs, instance, include_missing=args.missing)
+            if r.status == "STALE" or args.missing]
+    if not rows:
+        return []
+    keys = parse_selection(defs, ",".join(dict.fromkeys(r.key.to_user_string() for r in rows)))
+    return [(r.key, r.partition) for r in rows] + [(k, None) for k in keys if k not in {r.key for r in rows}]
+
+
+def _preflight(cfg, defs, keys):
+    """Check what the config names before anything runs (preflight.py); the definitions to run with, built again
+    when a Hub model was downloaded just now (its commit is in the rollouts' code version)."""
+    from pivot_assets import preflight
+    from pivot_assets.pipeline import build_definitions
+    from pivot_assets.runner import selection_groups
+
+    fetched = preflight.check_run(cfg, selection_groups(defs, keys))
+    return build_definitions(cfg) if fetched else defs
 
 
 ABLATION_SELECTION = "*ablation_results"  # what ablation_job runs: the ablation and everything upstream
@@ -205,6 +227,9 @@ def cmd_config(args) -> int:
     return 0
 
 
+DEBUG_HELP = "on an error, print the traceback, not one line (as PIVOT_DEBUG=1 does)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pivot", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="verb", required=True)
@@ -212,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     def verb(name, fn, help_):
         sp = sub.add_parser(name, help=help_)
         sp.add_argument("--config", default=None, help="pivot.yaml to use")
+        sp.add_argument("--debug", action="store_true", help=DEBUG_HELP)
         sp.set_defaults(fn=fn)
         return sp
 
@@ -245,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="nemo-gym: the name of each row's profile object {rewards, reward_mean, reward_std, "
                          "reward_var} (default qwen_235b_info, the key NeMo-RL's pivot data script filters on)")
     sp = sub.add_parser("config", help="print pivot.yaml's JSON Schema (--schema) or its Markdown reference (--reference)")
+    sp.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sp.set_defaults(fn=cmd_config)
     which = sp.add_mutually_exclusive_group(required=True)
     which.add_argument("--schema", action="store_true", help="the JSON Schema (for editors: yaml-language-server)")
@@ -285,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             print("interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # one line for the user; the traceback only on request
-        if os.environ.get("PIVOT_DEBUG"):
+        if args.debug or os.environ.get("PIVOT_DEBUG"):
             raise
         from pivot_assets.core.config import ConfigError
 

@@ -45,6 +45,12 @@ def parse_selection(defs: dg.Definitions, selection: str | None) -> list[dg.Asse
     return sorted(_with_siblings(defs, keys), key=lambda k: k.to_user_string())
 
 
+def selection_groups(defs: dg.Definitions, keys: list[dg.AssetKey]) -> set[str]:
+    """The asset groups (ingest, profiling, ...) the keys belong to: what a run of them loads (preflight.py)."""
+    graph = defs.resolve_asset_graph()
+    return {graph.get(k).group_name for k in keys}
+
+
 def _with_siblings(defs: dg.Definitions, keys: set[dg.AssetKey]) -> set[dg.AssetKey]:
     """A non-subsettable multi-asset (trajectories + quarantine) is always run whole."""
     out = set(keys)

@@ -105,8 +105,10 @@ class PolicySection(_Strict):
             "with a base_url: openai (core/engines.py). Resolved when read: the rollouts' identity records the "
             "engine that ran."))
     model: Annotated[str, In(ROLLOUTS)] = Field("embedded", description=(
-        "A Hugging Face model id or local dir, the served model's name (openai), or `embedded` (the tiny "
-        "built-in model)."))
+        "A local model dir (with config.json); a Hugging Face Hub id, `org/name` or `org/name@revision` (a branch, "
+        "tag or commit), taken from the Hub cache ($HF_HOME/hub), else downloaded unless HF_HUB_OFFLINE is set, and "
+        "identified by the snapshot's commit (policies/hub.py); the served model's name (openai); `sft` (the SFT "
+        "warm-up, started from sft.model); or `embedded` (the tiny built-in model)."))
     base_url: Annotated[str | None, In(ROLLOUTS)] = Field(None, description=(
         "An OpenAI-compatible server's URL (backend openai); null: the model runs in this process."))
     api_key_env: str | None = Field(None, description=(
@@ -321,8 +323,8 @@ class SFTSection(_Strict):
 
     model: Annotated[str, In(SFT)] = Field("embedded", description=(
         "With `policy.model: sft` (the warm-up is the reference): the pretrained model the warm-up starts from and "
-        "the base policy of every comparison (a local dir, a Hub id or `embedded`). Otherwise the warm-up starts "
-        "from policy.model."))
+        "the base policy of every comparison: a local dir, a Hub id `org/name[@revision]` or `embedded`, as for "
+        "policy.model. Otherwise the warm-up starts from policy.model."))
     steps: Annotated[int, In(SFT)] = Field(12, ge=1, description="SFT optimizer steps.")
     learning_rate: Annotated[float, In(SFT)] = Field(1.0e-4, gt=0, description="SFT learning rate.")
     batch_size: Annotated[int, In(SFT)] = Field(2, ge=1, description="Examples per SFT step.")

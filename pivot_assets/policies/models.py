@@ -28,8 +28,11 @@ from typing import Any
 
 from pivot_assets.core.shapes import arguments_dict, to_template_messages  # noqa: F401  (re-exported)
 
+from . import hub
+
 EMBEDDED = "embedded"
 LOCAL_MODEL = "local"  # a policy_fp names a local model dir by this, never by its path
+HUB_MODEL = "hub"  # ... and a Hub snapshot by this, never by its id: its weights are named by the snapshot's commit
 EMBEDDED_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 log = logging.getLogger(__name__)
 TOOL_CHAT_TEMPLATE: str = (Path(__file__).with_name("chat_template.jinja")).read_text(encoding="utf-8")
@@ -116,13 +119,19 @@ def _convert_gguf(gguf: Path, out_dir: Path) -> None:
 
 
 def resolve_model_dir(model: str) -> Path:
-    """"embedded" -> the converted embedded dir; otherwise a local Hugging Face model dir."""
+    """The Hugging Face model dir a model field names: `embedded` (the converted embedded dir), a local dir with
+    config.json, or a Hub id `org/name[@revision]` (its snapshot in the Hub cache, fetched when missing and the
+    network is allowed: policies/hub.py). Raises ValueError in one line."""
     if model == EMBEDDED:
         return ensure_embedded_hf_dir()
     path = Path(model).expanduser()
-    if not (path / "config.json").is_file():
-        raise ValueError(f"policy model {model!r}: not 'embedded' and not a local model dir with config.json")
-    return path
+    if (path / "config.json").is_file():
+        return path
+    hub_id = hub.parse_hub_id(model)
+    if path.exists() or hub_id is None:  # a dir that is there wins over an id of the same spelling
+        raise ValueError(f"model {model!r}: not `embedded`, not a local model dir with config.json, and not a "
+                         "Hugging Face Hub id (org/name or org/name@revision)")
+    return hub.snapshot_dir(hub_id)
 
 
 # -- chat templates ----------------------------------------------------------------------------------
@@ -377,9 +386,14 @@ def template_hash(model: str, chat_template: str = "auto") -> str:
 
 
 def _weights_hash(model: str) -> str:
+    """The weights' identity: the GGUF's fingerprint (embedded), a Hub snapshot's commit (the same files wherever
+    the cache lives), else a hash of config.json and the weight files (a local dir)."""
     if model == EMBEDDED:
         return file_fingerprint(embedded_gguf_path())
     path = resolve_model_dir(model)
+    commit = hub.snapshot_commit(path)
+    if commit is not None:
+        return commit
     weights = sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".bin", ".gguf", ".pt"))
     if not weights:
         raise ValueError(f"policy model {model!r}: no weight files (*.safetensors, *.bin) in {path}")
@@ -418,12 +432,16 @@ def same_family(a: Path, b: Path) -> bool:
 
 
 def policy_fingerprint(model: str, fmt: PromptFormat = PromptFormat()) -> str:
-    """Stable id of a local policy by content: `embedded` or `local`, the weights hash, the resolved chat template
-    (+ decoding rule) and the thinking mode when it is not the default.
+    """Stable id of a local policy by content: `embedded`, `hub` or `local`, the weights hash (a Hub snapshot's
+    commit), the resolved chat template (+ decoding rule) and the thinking mode when it is not the default.
 
-    No path: a model dir copied or moved with its warehouse, or read on another machine, keeps its id (the
-    embedded policy is named by its GGUF hash, not its cache path).
+    No path and no Hub id: a model dir copied or moved with its warehouse, a Hub cache moved or read on another
+    machine, keeps its id (the embedded policy is named by its GGUF hash, not its cache path); a newer snapshot of
+    the same Hub id is another commit, so another policy.
     """
-    name = EMBEDDED if model == EMBEDDED else LOCAL_MODEL
+    if model == EMBEDDED:
+        name = EMBEDDED
+    else:
+        name = HUB_MODEL if hub.snapshot_commit(resolve_model_dir(model)) else LOCAL_MODEL
     thinking = "" if fmt.thinking == "keep" else f"|think:{fmt.thinking}"
     return f"{name}|w:{_weights_hash(model)}|t:{template_hash(model, fmt.chat_template)}{thinking}"

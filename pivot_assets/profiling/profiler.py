@@ -476,6 +476,11 @@ def policy_version(policy: "PolicySection", seeding: str = PER_TURN, adaptive: "
     than per-turn seeding) and adaptive stopping (which samples exist: turning it off or tightening it tops up)."""
     extra = {} if seeding == PER_TURN else {"seeding": seeding}
     section = values(policy, ROLLOUTS)
+    if capabilities(policy.backend).local_model:
+        from pivot_assets.policies.hub import pinned_id
+
+        # a Hub id is versioned by the commit it resolves to here (a served model's name is the server's)
+        section["model"] = pinned_id(section["model"])
     if section.get("max_prompt_tokens") is None:
         section.pop("max_prompt_tokens", None)  # the default guard keeps the versions of warehouses before it
     return fingerprint({**section, "dtype": policy_precision(policy).dtype, **extra,
