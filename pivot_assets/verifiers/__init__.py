@@ -4,7 +4,8 @@
 
 Verifiers: tool_call (functional, default), executed_state (replays the sample in the trajectory's environment:
 BFCL multi-turn), exact (ablation baseline), string_similarity, tool_name, llm_judge, stack. Each has .name, .version, .config and .fingerprint (the scoring stage's code version: name, version,
-verdict-relevant config and a hash of the verifier's code, see code_version.py).
+verdict-relevant config and a hash of the verifier's code, see code_version.py). A verifier of the user's own
+is named `module:Class` or by an entry point of the group `pivot_curation.verifiers` (user_verifiers.py).
 
 Facts must match. Replies and free-text arguments are compared fact-first (facts.py): ids and codes, amounts,
 numbers with units, dates, times, emails, URLs and quoted strings are extracted, normalized ($1,200.00 = 1200,
@@ -42,7 +43,10 @@ from .llm_judge import judge_stats
 from .parsing import parse_candidate
 from .registry import build_verifier, verifier_names
 from .sets import VerifierSets
+from .user_verifiers import look_up_user_verifiers
 from .verify_cli import verify_jsonl
 
 __all__ = ["Score", "Reason", "Verifier", "Param", "parse_candidate", "build_verifier", "DomainVerifiers", "VerifierSets",
            "verify_jsonl", "verifier_names", "judge_stats"]
+
+look_up_user_verifiers()  # before anything is built: `module:Class` and entry-point names resolve too
