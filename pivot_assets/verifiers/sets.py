@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pivot_assets.core.config import ConfigError, PivotConfig, VerifierSection
 
 from .domains import DomainVerifiers, VerifierSpecError
+from .user_verifiers import search_config_dir
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class VerifierSets:
 
     @classmethod
     def from_config(cls, cfg: PivotConfig) -> "VerifierSets":
+        search_config_dir(cfg.base_dir)  # a user's module:Class next to the config
         profiling = build_set(cfg.verifier, "verifier", cfg.source)
         reward = profiling
         if cfg.training.reward_verifier is not None:  # a training reward apart from the profiling verifier

@@ -151,10 +151,20 @@ def _imported(name: str, module_name: str, load, arg) -> ModuleType:
         raise ValueError(f"verifier {name!r}: importing {module_name} failed: {type(e).__name__}: {first_line}") from None
 
 
+_CONFIG_DIRS: list[Path] = []  # the directories of the configs this process built verifier sets for
+
+
+def search_config_dir(base_dir: str | Path) -> None:
+    """Look for user modules in a config's directory too (`pivot run --config other/pivot.yaml` from elsewhere)."""
+    path = Path(base_dir).resolve()
+    if path not in _CONFIG_DIRS:
+        _CONFIG_DIRS.append(path)
+
+
 def _search_dirs() -> list[Path]:
     """Where a module that is not on sys.path is looked for: the working directory, the config's directory."""
     config = resolve_config_path()
-    dirs = [Path.cwd().resolve()] + ([config.parent] if config is not None else [])
+    dirs = [Path.cwd().resolve()] + ([config.parent] if config is not None else []) + _CONFIG_DIRS
     return list(dict.fromkeys(dirs))
 
 

@@ -263,3 +263,18 @@ def test_built_in_fingerprints_do_not_depend_on_user_verifiers(project):
 
     for name in verifier_names():
         assert "user_verifiers" not in module_closure(_CLASSES[name].__module__.rsplit(".", 1)[-1])
+
+
+def test_a_module_beside_a_config_named_from_elsewhere_is_found(project, monkeypatch):
+    """`pivot run --config other/pivot.yaml` from another directory: the module next to that config is found."""
+    from pivot_assets.core.config import load_config
+    from pivot_assets.verifiers.sets import VerifierSets
+
+    module = unique_module()
+    other = project / "other"
+    other.mkdir()
+    (other / f"{module}.py").write_text(FLAT_REWARD.format(reward=0.25))
+    (other / "pivot.yaml").write_text(json.dumps({"verifier": {"default": verifier_spec(module)}}))
+    monkeypatch.chdir(project / "..")
+    sets = VerifierSets.from_config(load_config(other / "pivot.yaml"))
+    assert sets.profiling.for_domain("any").score(call("f"), call("f")).reward == 0.25
