@@ -1,0 +1,561 @@
+"""The decisive comparison (issue 42): GRPO on D_adv against GRPO on D_cand at equal GRPO compute, run in resumable
+units, reported from the unit files alone. The design is written before the run by bench/decisive_design.py.
+
+    .venv/bin/python bench/decisive.py --config configs/decisive_bfcl.yaml            # run (or resume) every unit
+    .venv/bin/python bench/decisive.py --config configs/decisive_bfcl.yaml --report   # the report from the unit files
+
+Phases (thin over the library: pivot run, training/ablation.train_arm, training/evaluation.local_accuracy and its
+hierarchical bootstrap):
+  (a) prepare: `pivot run --select '*pivots_adv'` (ingest, the SFT warm-up = the reference, profiling, the pivot
+      sets) into the work dir (--work: warehouse + Dagster home); its wall time goes to <data>/prepare.json.
+  (b) one unit per (arm, seed): train_arm (the ablation's: the arm's pool, D_cand drawn per seed, one pass), its
+      per-step curve (step, reward mean, frac_reward_zero_std, useful, loss, tokens, seconds) and run row (pool,
+      steps, useful share, D_cand overlap, train seconds) -> <data>/train_<arm>_s<seed>.parquet.
+  (c) one unit per (model, draw): the reference and each arm's seed-d model on evaluation draw d (the ablation's
+      draws: runs.eval_seed(cfg, d), per-sample seeds shared by every model), every held-out profiled item x eval_k
+      samples -> <data>/eval_<model>_d<draw>.parquet (turn, conversation, sample, reward, in_mixed, in_adv).
+
+Each unit file is written atomically (a temp file renamed), as soon as its unit finishes, and a unit whose file
+exists is never computed again: rerun the same command after a kill, or on a new machine with the data dir and the
+config. Phase (a) runs only when a unit is missing, and a model is retrained only when an evaluation unit that needs
+it is missing and the model is not in the work dir (its train unit file is kept as it is). The runner ends with one
+line `decisive: computed N unit(s) (train T, eval E); M already present`.
+
+The config is a pivot config with one section of its own, `decisive:` (stripped before pivot reads the config):
+    decisive: {learning_rate: null, data: bench/data/decisive_bfcl, results: bench/RESULTS_decisive_bfcl.md,
+               curves: bench/RESULTS_decisive_bfcl_curves.png, half_width: 0.058}
+`learning_rate` (GRPO's, both arms) must be set before phase (b) runs: it is chosen by a short sweep on a separate
+slice; null stops the run after phase (a) with one line. Relative paths are relative to the repository root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import multiprocessing
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+REFERENCE = "reference"
+PREPARE_SELECTION = "*pivots_adv"  # ingest .. the pivot sets, with the warm-up the profiling policy needs
+RESULTS_MARK = "\n## Results"
+
+
+# -- config ------------------------------------------------------------------------------------------
+def read_raw(config: Path) -> tuple[dict, dict]:
+    """(the pivot config without `decisive:`, the `decisive:` section with its defaults)."""
+    import yaml
+
+    raw = yaml.safe_load(config.read_text()) or {}
+    section = dict(raw.pop("decisive", None) or {})
+    stem = config.stem
+    section.setdefault("learning_rate", None)
+    section.setdefault("data", f"bench/data/{stem}")
+    section.setdefault("results", f"bench/RESULTS_{stem}.md")
+    section.setdefault("curves", f"bench/RESULTS_{stem}_curves.png")
+    section.setdefault("half_width", None)
+    if section["learning_rate"] is not None:
+        raw.setdefault("training", {})["learning_rate"] = float(section["learning_rate"])
+    return raw, section
+
+
+def repo_path(value: str | None, base: Path = ROOT) -> Path | None:
+    if value is None:
+        return None
+    p = Path(value)
+    return p if p.is_absolute() else base / p
+
+
+def write_work_config(config: Path, raw: dict, work: Path) -> Path:
+    """The config pivot runs (bench_ablation.work_config's rules): `decisive:` stripped, the warehouse in the work
+    dir, the inputs' and the probe's relative paths made absolute against the config's directory."""
+    import copy
+
+    import yaml
+
+    fixed = copy.deepcopy(raw)
+    fixed["warehouse"] = str(work / "warehouse")
+    base = config.resolve().parent
+    for spec in fixed.get("inputs") or []:
+        for key in ("path", "tools"):
+            if spec.get(key) and not Path(spec[key]).is_absolute():
+                spec[key] = str((base / spec[key]).resolve())
+    probe = (fixed.get("training") or {}).get("ood_probe")
+    if probe and not Path(probe).is_absolute():
+        fixed["training"]["ood_probe"] = str((base / probe).resolve())
+    work.mkdir(parents=True, exist_ok=True)
+    out = work / "pivot.yaml"
+    out.write_text(yaml.safe_dump(fixed, sort_keys=False))
+    return out
+
+
+def load_cfg(path: Path):
+    from pivot_assets.core.config import load_config
+
+    return load_config(path)
+
+
+# -- units -------------------------------------------------------------------------------------------
+def train_name(arm: str, seed: int) -> str:
+    return f"train_{arm}_s{seed}.parquet"
+
+
+def eval_name(model: str, draw: int) -> str:
+    return f"eval_{model}_d{draw}.parquet"
+
+
+def unit_plan(arms: list[str], seeds: list[int]) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    return ([(a, s) for s in seeds for a in arms], [(m, d) for d in seeds for m in (REFERENCE, *arms)])
+
+
+def write_parquet_atomic(rows: list[dict], path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        pq.write_table(pa.Table.from_pylist(rows), tmp, compression="zstd")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_json_atomic(obj, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
+def _train_unit_job(root: str, cfg, arm: str, seed: int, out: str | None) -> dict:
+    """train_arm in a worker (training/ablation._train_arm_job); writes the unit file when `out` is given."""
+    from pivot_assets.core.warehouse import Warehouse
+    from pivot_assets.training.ablation import _train_arm_job
+    from pivot_assets.training.runs import arm_dir
+
+    t0 = time.time()
+    run = _train_arm_job(root, cfg, arm, seed)
+    if out is not None:
+        steps = json.loads((Warehouse(root).model_dir(arm_dir(arm, seed)) / "ablation_steps.json").read_text())
+        const = {"arm": arm, "seed": seed, "pool": run["pool"], "steps_total": run["steps"],
+                 "turns_trained": run["turns_trained"], "useful_share": run["useful_share"],
+                 "cand_overlap_adv": run["cand_overlap_adv"], "train_s": run["train_s"],
+                 "learning_rate": cfg.training.learning_rate, "num_generations": cfg.training.num_generations,
+                 "key": run["key"], "host": socket.gethostname(), "finished_at": time.time(),
+                 "unit_wall_s": round(time.time() - t0, 1), "retrained_from_cache": bool(run.get("skipped"))}
+        rows = [{"step": int(r["step"]), "reward_mean": r.get("reward_mean"),
+                 "frac_reward_zero_std": r.get("frac_reward_zero_std"),
+                 "useful": (None if r.get("frac_reward_zero_std") is None else 1.0 - r["frac_reward_zero_std"]),
+                 "loss": r.get("loss"), "num_tokens": r.get("num_tokens"), "seconds": r.get("seconds"), **const}
+                for r in steps] or [{"step": 0, "reward_mean": None, "frac_reward_zero_std": None, "useful": None,
+                                     "loss": None, "num_tokens": None, "seconds": None, **const}]
+        write_parquet_atomic(rows, Path(out))
+    return run
+
+
+def eval_rows_and_sets(wh, cfg) -> tuple[list[dict], dict[str, str], dict[str, set]]:
+    """The held-out rows of the primary set, {turn: conversation}, and the secondary sets' members."""
+    from pivot_assets.training.evaluation import evaluation_sets, turn_conversations, turn_rows
+
+    sets = evaluation_sets(wh, cfg)
+    primary = cfg.ablation.primary if cfg.ablation else "profiled"
+    ids = sets[primary]
+    return turn_rows(wh, ids), turn_conversations(wh, ids), {k: set(v) for k, v in sets.items()}
+
+
+def model_path(wh, cfg, model: str, draw: int) -> str:
+    from pivot_assets.training.runs import arm_dir, reference_model
+
+    return reference_model(wh, cfg) if model == REFERENCE else str(wh.model_dir(arm_dir(model, draw)))
+
+
+def _eval_unit_job(root: str, cfg, model: str, draw: int, rows: list[dict], groups: dict, sets: dict, out: str,
+                   engines=None) -> int:
+    """local_accuracy of one model on one draw (the ablation's draw seeds and engine), per sample -> the unit file."""
+    from pivot_assets.core.hardware import configure_torch
+    from pivot_assets.core.warehouse import Warehouse
+    from pivot_assets.training.evaluation import evaluation_engine, local_accuracy
+    from pivot_assets.training.runs import eval_seed, model_fingerprint
+    from pivot_assets.verifiers import VerifierSets
+
+    configure_torch(cfg.runtime.threads)
+    wh = Warehouse(root)
+    path = model_path(wh, cfg, model, draw)
+    engine = evaluation_engine(cfg)
+    t0 = time.time()
+    result = local_accuracy(path, rows, VerifierSets.from_config(cfg).profiling, k=cfg.training.eval_k,
+                            max_new_tokens=cfg.training.max_completion_length, seed=eval_seed(cfg, draw),
+                            temperature=engine.temperature, top_p=engine.top_p, policy=engine, engines=engines)
+    seconds = round(time.time() - t0, 1)
+    const = {"model": model, "draw": draw, "model_fp": model_fingerprint(path, cfg), "eval_k": cfg.training.eval_k,
+             "eval_seed": eval_seed(cfg, draw), "backend": engine.backend, "seconds": seconds,
+             "generated_tokens": result.get("generated_tokens"), "host": socket.gethostname(),
+             "finished_at": time.time()}
+    out_rows = [{"turn_id": t["turn_id"], "conversation_id": groups.get(t["turn_id"], t["turn_id"]), "sample": i,
+                 "reward": float(r), "in_mixed": t["turn_id"] in sets.get("mixed", ()),
+                 "in_adv": t["turn_id"] in sets.get("adv", ()), **const}
+                for t in result["per_turn"] for i, r in enumerate(t["rewards"])]
+    write_parquet_atomic(out_rows, Path(out))
+    return len(out_rows)
+
+
+def _pool(workers: int) -> cf.ProcessPoolExecutor:
+    from pivot_assets.core.parallel import _die_with_parent
+
+    return cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                                  initializer=_die_with_parent)
+
+
+def run_jobs_as_done(fn, jobs: list[tuple], workers: int, on_done) -> None:
+    """fn(*job) for every job, `workers` at a time in spawned processes (here when 1); on_done(job, result) as each
+    finishes (so a kill loses only the units running)."""
+    if workers <= 1 or len(jobs) <= 1:
+        for job in jobs:
+            on_done(job, fn(*job))
+        return
+    pool = _pool(min(workers, len(jobs)))
+    try:
+        futures = {pool.submit(fn, *job): job for job in jobs}
+        for f in cf.as_completed(futures):
+            on_done(futures[f], f.result())
+    except BaseException:
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            if proc.is_alive():
+                proc.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+
+
+def log(message: str) -> None:
+    print(f"[decisive] {message}", file=sys.stderr, flush=True)
+
+
+def prepare(config: Path, raw: dict, work: Path, data: Path) -> Path:
+    """Phase (a): pivot run up to the pivot sets (cached in the work dir's warehouse when already there)."""
+    cfg_path = write_work_config(config, raw, work)
+    env = {**os.environ, "DAGSTER_HOME": str(work / "dagster_home"), "HF_HUB_OFFLINE": "1"}
+    (work / "dagster_home").mkdir(parents=True, exist_ok=True)
+    pivot = Path(sys.executable).parent / "pivot"
+    t0 = time.time()
+    log(f"phase (a): pivot run --select '{PREPARE_SELECTION}' in {work}")
+    proc = subprocess.run([str(pivot), "run", "--config", str(cfg_path), "--select", PREPARE_SELECTION], env=env,
+                          capture_output=True, text=True)
+    (work / "prepare.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode:
+        sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-3000:])
+        raise SystemExit(f"decisive: phase (a) failed (rc {proc.returncode}); log: {work / 'prepare.log'}")
+    wall = round(time.time() - t0, 1)
+    record = json.loads((data / "prepare.json").read_text()) if (data / "prepare.json").is_file() else {"runs": []}
+    record["runs"].append({"wall_s": wall, "host": socket.gethostname(), "finished_at": time.time()})
+    write_json_atomic(record, data / "prepare.json")
+    log(f"phase (a): {wall:.0f} s")
+    return cfg_path
+
+
+def run(config: Path, work: Path, data: Path, workers: int | None) -> dict:
+    raw, section = read_raw(config)
+    arms, seeds = list(raw["ablation"]["arms"]), [int(s) for s in raw["ablation"]["seeds"]]
+    train_units, eval_units = unit_plan(arms, seeds)
+    missing_train = [u for u in train_units if not (data / train_name(*u)).is_file()]
+    missing_eval = [u for u in eval_units if not (data / eval_name(*u)).is_file()]
+    present = len(train_units) + len(eval_units) - len(missing_train) - len(missing_eval)
+    computed = {"train": 0, "eval": 0}
+    if not missing_train and not missing_eval:
+        print(f"decisive: computed 0 unit(s) (train 0, eval 0); {present} already present", flush=True)
+        return computed
+    data.mkdir(parents=True, exist_ok=True)
+    cfg_path = prepare(config, raw, work, data)
+    cfg = load_cfg(cfg_path)
+    from pivot_assets.core.parallel import resolve_workers
+    from pivot_assets.core.warehouse import Warehouse
+    from pivot_assets.training.runs import read_marker
+
+    wh = Warehouse(cfg.warehouse)
+    # models an evaluation unit needs but the work dir lacks (a new machine): retrain them, keep their unit files
+    need_models = {(m, d) for m, d in missing_eval if m != REFERENCE}
+    retrain = [u for u in train_units if u in need_models and u not in missing_train]
+    from pivot_assets.training.runs import arm_dir
+
+    retrain = [u for u in retrain if read_marker(wh.model_dir(arm_dir(*u))) is None]
+    jobs = missing_train + retrain
+    if jobs and section["learning_rate"] is None:
+        raise SystemExit("decisive: decisive.learning_rate is null: choose it by the learning-rate sweep and set it "
+                         f"in {config} before phase (b) (phase (a) is done: {work})")
+    if jobs:
+        n = resolve_workers(cfg.runtime.workers, cfg.runtime.threads, len(jobs)) if workers is None else workers
+        log(f"phase (b): {len(missing_train)} train unit(s) to compute, {len(retrain)} model(s) to retrain for "
+            f"evaluation, {n} at a time")
+
+        def done(job, result):
+            if job[-1] is not None:
+                computed["train"] += 1
+            log(f"train {job[2]} s{job[3]}: {result['steps']} steps, useful share {result['useful_share']}, "
+                f"{result['train_s']} s" + (" (unit written)" if job[-1] else " (model only)"))
+
+        run_jobs_as_done(_train_unit_job, [(str(wh.root), cfg, a, s, str(data / train_name(a, s)) if (a, s) in
+                                            missing_train else None) for a, s in jobs], n, done)
+    if missing_eval:
+        from pivot_assets.training.evaluation import evaluation_workers
+
+        rows, groups, sets = eval_rows_and_sets(wh, cfg)
+        if not rows:
+            raise SystemExit("decisive: no held-out profiled turn to evaluate")
+        n = evaluation_workers(cfg, len(missing_eval)) if workers is None else workers
+        log(f"phase (c): {len(missing_eval)} evaluation unit(s) of {len(rows)} held-out turns x eval_k "
+            f"{cfg.training.eval_k}, {n} at a time")
+        for m, d in missing_eval:
+            if m != REFERENCE and read_marker(wh.model_dir(arm_dir(m, d))) is None:
+                raise SystemExit(f"decisive: the model of {m} s{d} is missing in {wh.root}")
+
+        def done_eval(job, n_rows):
+            computed["eval"] += 1
+            log(f"eval {job[2]} d{job[3]}: {n_rows} samples")
+
+        run_jobs_as_done(_eval_unit_job, [(str(wh.root), cfg, m, d, rows, groups, sets, str(data / eval_name(m, d)))
+                                          for m, d in missing_eval], n, done_eval)
+    print(f"decisive: computed {computed['train'] + computed['eval']} unit(s) (train {computed['train']}, eval "
+          f"{computed['eval']}); {present} already present", flush=True)
+    return computed
+
+
+# -- the report (unit files and the config only) ------------------------------------------------------
+def load_units(data: Path, arms: list[str], seeds: list[int]):
+    import polars as pl
+
+    train_units, eval_units = unit_plan(arms, seeds)
+    missing = [train_name(*u) for u in train_units if not (data / train_name(*u)).is_file()]
+    missing += [eval_name(*u) for u in eval_units if not (data / eval_name(*u)).is_file()]
+    train = [pl.read_parquet(data / train_name(*u)) for u in train_units if (data / train_name(*u)).is_file()]
+    evals = [pl.read_parquet(data / eval_name(*u)) for u in eval_units if (data / eval_name(*u)).is_file()]
+    return (pl.concat(train, how="diagonal_relaxed") if train else None,
+            pl.concat(evals, how="diagonal_relaxed") if evals else None, missing)
+
+
+def report_numbers(data: Path, arms: list[str], seeds: list[int], bootstrap: int, primary: str = "profiled") -> dict:
+    """Accuracy with intervals (reference, each arm pooled over its seeds), paired deltas against the reference and
+    adv - cand, from the eval unit files through the project's compare / pair_rows (hierarchical bootstrap)."""
+    import polars as pl
+
+    from pivot_assets.training.evaluation import Policy, _matrix, compare, pair_rows
+
+    train, ev, missing = load_units(data, arms, seeds)
+    if ev is None:
+        return {"missing": missing, "rows": [], "pairs": [], "train": train, "eval": None}
+    per_turn = ev.group_by("model", "draw", "turn_id").agg(pl.col("reward").mean().alias("score"),
+                                                           pl.col("conversation_id").first())
+    groups = dict(per_turn.select("turn_id", "conversation_id").unique().iter_rows())
+    ids_by = {(m, d): set(g["turn_id"].to_list()) for (m, d), g in per_turn.group_by("model", "draw")}
+    common = sorted(set.intersection(*ids_by.values()))
+    flags = ev.select("turn_id", "in_mixed", "in_adv").unique()
+    sets = {primary: common,
+            "mixed": sorted(t for t, f in zip(flags["turn_id"], flags["in_mixed"]) if f and t in set(common)),
+            "adv": sorted(t for t, f in zip(flags["turn_id"], flags["in_adv"]) if f and t in set(common))}
+    if primary != "profiled":
+        sets["profiled"] = common
+    scores: dict[tuple[str, int], dict[str, float]] = {}
+    for (m, d), g in per_turn.group_by("model", "draw"):
+        scores[(m, d)] = dict(zip(g["turn_id"].to_list(), g["score"].to_list()))
+    draws_of = lambda m: tuple(d for d in seeds if (m, d) in scores)  # noqa: E731
+    policies = []
+    ref_draws = draws_of(REFERENCE)
+    policies.append((Policy(REFERENCE, "", None, None, ref_draws),
+                     {"turns": {d: scores[(REFERENCE, d)] for d in ref_draws}, "ood": [], "seconds": 0.0}))
+    pooled = {}
+    for arm in arms:
+        for d in draws_of(arm):
+            name = f"{arm}/s{d}"
+            policies.append((Policy(name, "", arm, d, (d,)), {"turns": {d: scores[(arm, d)]}, "ood": [],
+                                                               "seconds": 0.0}))
+            pooled.setdefault(arm, []).append(name)
+
+    cfg = load_report_cfg(bootstrap)
+    rows = [r for r in compare(cfg, policies, sets, "units", reference=REFERENCE, pooled=pooled, groups=groups)
+            if r["eval_set"] != "ood"]
+    pairs = [p for p in pair_rows(cfg, policies, sets, "units", pooled, (("grpo_adv", "grpo_cand"),), groups, primary)
+             if p["eval_set"] != "ood"]
+    per_seed = []
+    for d in seeds:
+        if ("grpo_adv", d) in scores and ("grpo_cand", d) in scores:
+            a = _matrix({"turns": {d: scores[("grpo_adv", d)]}}, common, (d,))[0]
+            c = _matrix({"turns": {d: scores[("grpo_cand", d)]}}, common, (d,))[0]
+            per_seed.append({"seed": d, "delta": sum(x - y for x, y in zip(a, c)) / len(common)})
+    return {"missing": missing, "rows": rows, "pairs": pairs, "train": train, "eval": ev, "sets": sets,
+            "per_seed": per_seed, "n_turns": len(common), "n_conversations": len({groups[t] for t in common})}
+
+
+def load_report_cfg(bootstrap: int):
+    """A PivotConfig with the bootstrap count (compare reads training.bootstrap and the evaluation engine's labels)."""
+    from pivot_assets.core.config import PivotConfig
+
+    return PivotConfig.model_validate({"base_dir": str(ROOT), "training": {"bootstrap": bootstrap}})
+
+
+def curves_png(train, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import polars as pl
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), dpi=100)
+    colors = {"grpo_adv": "#c44e52", "grpo_cand": "#4c72b0"}
+    for (arm, seed), g in sorted(train.group_by("arm", "seed"), key=lambda kv: (kv[0][0], kv[0][1])):
+        g = g.sort("step")
+        for ax, col in zip(axes, ("reward_mean", "useful")):
+            ys = g[col].cast(pl.Float64).fill_null(float("nan")).to_list()
+            window = max(1, len(ys) // 10)
+            smooth = [sum(v for v in ys[max(0, i - window + 1): i + 1] if v == v)
+                      / max(1, sum(1 for v in ys[max(0, i - window + 1): i + 1] if v == v)) for i in range(len(ys))]
+            ax.plot(g["step"].to_list(), smooth, color=colors.get(arm, "#555555"), alpha=0.8,
+                    label=f"{arm} s{seed}", lw=1.2)
+    axes[0].set_title("training reward mean (running mean over ~10% of the steps)", fontsize=9)
+    axes[1].set_title("useful share (groups with reward variance), running mean", fontsize=9)
+    for ax in axes:
+        ax.set_xlabel("GRPO step")
+        ax.set_ylim(-0.02, 1.02)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    plt.close(fig)
+
+
+def report(config: Path, data: Path, out: Path | None, png: Path | None) -> str:
+    """The results section, from the unit files in `data` and the config alone; written below the design head of
+    `out` (everything above RESULTS_MARK is kept)."""
+    import polars as pl
+
+    from pivot_assets.training.evaluation import fmt_interval
+
+    raw, section = read_raw(config)
+    arms, seeds = list(raw["ablation"]["arms"]), [int(s) for s in raw["ablation"]["seeds"]]
+    bootstrap = int((raw.get("training") or {}).get("bootstrap", 1000))
+    primary = (raw.get("ablation") or {}).get("primary", "profiled")
+    nums = report_numbers(data, arms, seeds, bootstrap, primary)
+    half = section.get("half_width")
+    lines = [RESULTS_MARK.strip(), "", f"Built by `bench/decisive.py --report` from the unit files in "
+             f"`{data.relative_to(ROOT) if data.is_relative_to(ROOT) else data}` and `{config.name}` alone."]
+    if nums["missing"]:
+        lines += ["", f"**Incomplete: {len(nums['missing'])} unit file(s) missing** ({', '.join(nums['missing'])}); "
+                  "the numbers below use the units present."]
+    train, ev = nums["train"], nums["eval"]
+    prim = [r for r in nums["rows"] if r["eval_set"] == primary]
+    pair = next((p for p in nums["pairs"] if p["eval_set"] == primary), None)
+    if prim:
+        lines += ["", f"### Held-out accuracy (`{primary}`: {nums['n_turns']} items, {nums['n_conversations']} "
+                  f"conversations; eval_k {int(ev['eval_k'][0])}, sampled)", "",
+                  "| policy | draws | accuracy [95% CI] | Δ vs reference [95% CI] |", "|---|---|---|---|"]
+        for r in prim:
+            if r["policy"] == REFERENCE or r["seed"] is None or len(seeds) == 1:
+                lines.append(f"| {r['policy']} | {r['n_seeds']} | {fmt_interval(r)} | "
+                             f"{'' if r['policy'] == REFERENCE else fmt_interval(r, 'delta')} |")
+    if pair is not None:
+        lines += ["", "### The paired difference", "", "| pair | seeds | Δ [95% CI] | excludes 0 |", "|---|---|---|---|"]
+        for p in nums["pairs"]:
+            lines.append(f"| grpo_adv − grpo_cand ({p['eval_set']}{', primary' if p['primary'] else ''}, n {p['n']}) | "
+                         f"{p['n_seeds']} | {fmt_interval(p, 'delta')} | {p['excludes_zero']} |")
+        if nums["per_seed"]:
+            lines += ["", "Per seed (point estimates, primary set): " + ", ".join(
+                f"s{r['seed']} {r['delta']:+.3f}" for r in nums["per_seed"]) + "."]
+        hw = None if pair["delta_low"] is None else (pair["delta_high"] - pair["delta_low"]) / 2
+        if pair["delta_low"] is None:
+            verdict = "no verdict: the pair has no interval"
+        elif pair["delta_low"] > 0:
+            verdict = f"GRPO on D_adv is better than GRPO on D_cand: {fmt_interval(pair, 'delta')} excludes 0"
+        elif pair["delta_high"] < 0:
+            verdict = f"GRPO on D_cand is better than GRPO on D_adv: {fmt_interval(pair, 'delta')} excludes 0"
+        else:
+            verdict = (f"no difference larger than the half-width: adv - cand {fmt_interval(pair, 'delta')} "
+                       f"(half-width {hw:.3f}) contains 0")
+        lines += ["", f"**Verdict: {verdict}.** (Designed half-width: {half}; measured: "
+                  f"{'n/a' if hw is None else f'{hw:.3f}'}.)"]
+    if train is not None:
+        runs = train.group_by("arm", "seed").agg(pl.col("pool").first(), pl.col("steps_total").first(),
+                                                 pl.col("turns_trained").first(), pl.col("useful_share").first(),
+                                                 pl.col("cand_overlap_adv").first(), pl.col("train_s").first(),
+                                                 pl.col("learning_rate").first()).sort("arm", "seed")
+        lines += ["", "### Training", "", "| arm | seed | pool turns | steps | turns trained on | useful share | "
+                  "D_cand ∩ D_adv | learning rate | train s |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in runs.iter_rows(named=True):
+            lines.append(f"| {r['arm']} | {r['seed']} | {r['pool']} | {r['steps_total']} | {r['turns_trained']} | "
+                         f"{r['useful_share']} | {'' if r['cand_overlap_adv'] is None else r['cand_overlap_adv']} | "
+                         f"{r['learning_rate']} | {r['train_s']} |")
+        share = train.group_by("arm").agg(pl.col("useful").mean()).sort("arm")
+        lines += ["", "Useful share per arm (all steps of all seeds): " + ", ".join(
+            f"{a} {'n/a' if u is None else f'{u:.3f}'}" for a, u in share.iter_rows()) + "."]
+        n_bins = 5
+        lines += ["", f"Training curve: mean reward over all seeds, the steps cut in {n_bins} equal parts "
+                  "(useful share in parentheses)", "", "| arm | " + " | ".join(f"part {i + 1}" for i in range(n_bins))
+                  + " |", "|---|" + "---|" * n_bins]
+        for arm in arms:
+            g = train.filter(pl.col("arm") == arm)
+            if not g.height:
+                continue
+            top = int(g["step"].max()) or 1
+            g = g.with_columns(((pl.col("step") - 1).clip(0) * n_bins // top).clip(0, n_bins - 1).alias("part"))
+            agg = g.group_by("part").agg(pl.col("reward_mean").mean(), pl.col("useful").mean()).sort("part")
+            cells = {p: (rw, u) for p, rw, u in agg.iter_rows()}
+            lines.append(f"| {arm} | " + " | ".join(
+                "" if p not in cells or cells[p][0] is None else
+                f"{cells[p][0]:.3f} ({'n/a' if cells[p][1] is None else f'{cells[p][1]:.2f}'})" for p in range(n_bins))
+                + " |")
+        if png is not None:
+            curves_png(train, png)
+            lines += ["", f"Per-step curves of every run: `{png.relative_to(ROOT) if png.is_relative_to(ROOT) else png}`."]
+    prep = json.loads((data / "prepare.json").read_text()) if (data / "prepare.json").is_file() else {"runs": []}
+    lines += ["", "### Wall time per phase (from the unit files)", "", "| phase | units | seconds (sum over units) | hosts |",
+              "|---|---|---|---|",
+              f"| (a) prepare: ingest, warm-up, profiling, pivot sets | {len(prep['runs'])} run(s) | "
+              f"{sum(r['wall_s'] for r in prep['runs']):.0f} | {', '.join(sorted({r['host'] for r in prep['runs']}))} |"]
+    if train is not None:
+        t = train.group_by("arm", "seed").agg(pl.col("train_s").first(), pl.col("host").first())
+        lines.append(f"| (b) GRPO runs | {t.height} | {t['train_s'].sum():.0f} | {', '.join(sorted(set(t['host'])))} |")
+    if ev is not None:
+        e = ev.group_by("model", "draw").agg(pl.col("seconds").first(), pl.col("host").first())
+        lines.append(f"| (c) evaluation | {e.height} | {e['seconds'].sum():.0f} | {', '.join(sorted(set(e['host'])))} |")
+    lines.append("")
+    text = "\n".join(lines)
+    if out is not None:
+        head = out.read_text() if out.is_file() else ""
+        head = head.split(RESULTS_MARK, 1)[0].rstrip("\n")
+        out.write_text((head + "\n\n" if head else "") + text)
+    return text
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--data", default=None, help="unit files (default: decisive.data)")
+    ap.add_argument("--work", default=None, help="warehouse and Dagster home (default: /tmp/decisive-<config stem>)")
+    ap.add_argument("--report", action="store_true", help="only build the report from the unit files")
+    ap.add_argument("--out", default=None, help="results file (default: decisive.results)")
+    ap.add_argument("--png", default=None, help="training curves plot (default: decisive.curves)")
+    ap.add_argument("--workers", type=int, default=None, help="units at a time (default: runtime.workers)")
+    args = ap.parse_args()
+    config = Path(args.config).resolve()
+    _, section = read_raw(config)
+    data = repo_path(args.data) if args.data else repo_path(section["data"])
+    work = Path(args.work) if args.work else Path(tempfile.gettempdir()) / f"decisive-{config.stem}"
+    out = repo_path(args.out) if args.out else repo_path(section["results"])
+    png = repo_path(args.png) if args.png else repo_path(section["curves"])
+    if not args.report:
+        run(config, work.resolve(), data, args.workers)
+    print(report(config, data, out, png))
+
+
+if __name__ == "__main__":
+    main()

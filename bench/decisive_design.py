@@ -1,0 +1,282 @@
+"""The design of the decisive comparison (issue 42), written before the run: GRPO on D_adv against GRPO on D_cand at
+equal GRPO compute, BFCL single-turn, on this 2-core CPU.
+
+    .venv/bin/python bench/decisive_design.py [--budget-min 180] [--target 0.03] [--write bench/RESULTS_decisive_bfcl.md]
+
+1. Variance components of the held-out score, backed out of the reduced run's reported intervals
+   (bench/RESULTS_ablation_bfcl_quick.md: 2 seeds x 174 held-out items (one conversation each) x eval_k 2; the repository
+   keeps no per-item scores of that run, only its intervals):
+   - within-item sample variance sw2 and between-item variance sp2, from the reference's accuracy interval (one
+     model: no training seed; its interval is items and samples only) and the binary reward (tool_call scores 0 or 1):
+         V_ref = (hw_ref / 1.96)^2 = (sp2 + sw2 / n) / I0,    sp2 + sw2 = p (1 - p),    n = S0 k0 samples per item
+   - item x arm interaction sd2 of the paired difference: bounded by the whole variance of the closest pair the run has,
+     grpo_adv - grpo_adv_exact (same pool, same seeds): sd2 = I0 V_ae (conservative: all of it counted as item variance)
+   - seed variance tau2 of the adv - cand effect (training randomness and the D_cand draw): what is left of the adv - cand
+     variance. The hierarchical bootstrap with S0 seeds resamples seeds, whose variance term is tau2 (S0 - 1) / S0^2
+     (1/4 at S0 = 2), so  tau2 = (V_ac - sd2 / I0 - 2 sw2 / (S0 I0 k0)) S0^2 / (S0 - 1)
+     (the sampling term counts the two arms' samples as independent; the shared per-sample seeds correlate them, so this
+     leaves more to tau2, the conservative side).
+2. The paired adv - cand 95% interval of a design (S seeds, I held-out items, eval_k k), normal approximation:
+         V = tau2 / S + sd2 / I + 2 sw2 / (S I k),     half-width = 1.96 sqrt(V)
+3. Its cost on this CPU from the timed pieces (docs/evaluation.md sizing table, this 2-core AMD EPYC; and
+   bench/RESULTS_ablation_bfcl_sizing.md), wall minutes with two workers (1.5x one core, bench/RESULTS_threads.md):
+         fixed  = ingest + warm-up (48 steps x 7.4 s) + profiling (P + I) x 2.85 s   (one core)
+         a seed = [2 arms x (T steps x g + 15 s load/save) + 3 models (reference, adv, cand) x I x c(k)] / 1.5
+         c(k)   = 1.13 + 0.215 k s a turn (the prompt's prefill once, then k samples: 1.99 s at k=4, 2.85 s at K=8)
+   T = the D_adv pool (one pass, one prompt group a step), at the highest D_adv share seen (0.36) for the cost and the
+   lowest (0.26) for the constraint D_adv >= 60.
+4. The design: the smallest half-width that fits the budget (default 180 min); the target (0.03) when it fits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+Z = 1.96
+# -- inputs, each with its source ------------------------------------------------------------------------------
+QUICK = "bench/RESULTS_ablation_bfcl_quick.md"
+INPUTS = {
+    "S0": (2, f"{QUICK}: ablation seeds [0, 1]"),
+    "I0": (174, f"{QUICK}: profiled set, 174 held-out items, 174 conversations"),
+    "k0": (2, "configs/ablation_bfcl_quick.yaml: training.eval_k 2"),
+    "p_ref": (0.188, f"{QUICK}: reference accuracy 0.188 [0.147, 0.231]"),
+    "ref_ci": ((0.147, 0.231), f"{QUICK}: reference row, ci95"),
+    "ac_ci": ((-0.043, 0.075), f"{QUICK}: pair grpo_adv - grpo_cand, profiled, +0.016 [-0.043, +0.075]"),
+    "ae_ci": ((-0.010, 0.032), f"{QUICK}: pair grpo_adv - grpo_adv_exact, profiled, +0.011 [-0.010, +0.032]"),
+    "g": (19.8, "bench/RESULTS_ablation_bfcl_sizing.md: GRPO 19.77 CPU s a step (4 completions <= 80 tokens; "
+                "docs/evaluation.md: 18.1 on this EPYC; the larger taken)"),
+    "c4": (1.99, "docs/evaluation.md sizing table (this AMD EPYC): evaluation, a turn at K=4, 1.99 CPU s "
+                 "(~1.1 of it the prompt's prefill)"),
+    "c8": (2.85, "docs/evaluation.md sizing table: profiling, a turn at K=8, 2.85 CPU s"),
+    "sft_step": (7.4, "docs/evaluation.md sizing table: warm-up SFT, a step of 4 examples, 7.4 CPU s"),
+    "sft_steps": (48, "configs/ablation_bfcl.yaml: sft.steps 48"),
+    "load_s": (15.0, "bench/RESULTS_ablation_bfcl_sizing.md: model load/save ~15 s per arm run"),
+    "ingest_s": (60.0, "assumed: ingest and the embedded model's conversion, about a minute"),
+    "par": (1.5, "bench/RESULTS_threads.md via docs/evaluation.md: two busy cores give 1.5-1.6x one core"),
+    "adv_share_low": (0.26, "bench/RESULTS_ablation_bfcl.md: D_adv 10 of the 38-item pool (the lowest share seen)"),
+    "adv_share_high": (0.36, f"{QUICK}: funnel, 79 adv of 220 profiled (the highest share seen)"),
+    "min_adv": (60, "issue 42: D_adv >= 60 turns in the pool"),
+    "min_warmup": (190, "the quick run's warm-up size (~190 items), whose reference (0.188) is measured"),
+}
+BFCL = [ROOT / ".venv/lib/python3.11/site-packages/bfcl_eval/data/BFCL_v4_simple_python.json",
+        ROOT / ".venv/lib/python3.11/site-packages/bfcl_eval/data/BFCL_v4_live_simple.json"]
+
+
+def v(name):
+    return INPUTS[name][0]
+
+
+def components() -> dict:
+    """sw2, sp2, sd2, tau2 (and the pieces) from the quick run's intervals (module docstring, step 1)."""
+    S0, I0, k0, p = v("S0"), v("I0"), v("k0"), v("p_ref")
+    hw = lambda ci: (ci[1] - ci[0]) / 2  # noqa: E731
+    V_ref = (hw(v("ref_ci")) / Z) ** 2
+    n = S0 * k0
+    total = p * (1 - p)                                 # sp2 + sw2 (binary reward)
+    item_mean_var = V_ref * I0                          # sp2 + sw2 / n
+    sw2 = (total - item_mean_var) / (1 - 1 / n)
+    sp2 = total - sw2
+    V_ac, V_ae = (hw(v("ac_ci")) / Z) ** 2, (hw(v("ae_ci")) / Z) ** 2
+    sd2 = I0 * V_ae
+    sampling0 = 2 * sw2 / (S0 * I0 * k0)
+    tau2 = (V_ac - sd2 / I0 - sampling0) * S0 ** 2 / (S0 - 1)
+    tau2_high = V_ac * S0 ** 2 / (S0 - 1)              # everything in the adv - cand interval counted as seeds
+    return {"V_ref": V_ref, "sw2": sw2, "sp2": sp2, "V_ac": V_ac, "V_ae": V_ae, "sd2": sd2, "sampling0": sampling0,
+            "tau2": tau2, "tau2_high": tau2_high, "tau2_low": tau2 / 2}
+
+
+def half_width(c: dict, S: int, I: int, k: int, tau2: float | None = None) -> float:
+    t = c["tau2"] if tau2 is None else tau2
+    return Z * math.sqrt(t / S + c["sd2"] / I + 2 * c["sw2"] / (S * I * k))
+
+
+def eval_turn_s(k: int) -> float:
+    b = (v("c8") - v("c4")) / 4
+    return v("c4") - 4 * b + b * k
+
+
+def minutes(S: int, I: int, k: int, P: int) -> dict:
+    T = math.ceil(v("adv_share_high") * P)
+    fixed = v("ingest_s") + v("sft_steps") * v("sft_step") + (P + I) * v("c8")
+    train = S * 2 * (T * v("g") + v("load_s")) / v("par")
+    evaluate = S * 3 * I * eval_turn_s(k) / v("par")
+    return {"fixed": fixed / 60, "train": train / 60, "eval": evaluate / 60, "total": (fixed + train + evaluate) / 60,
+            "steps": T}
+
+
+def bfcl_ids() -> list[str]:
+    ids = []
+    for path in BFCL:
+        with open(path) as f:
+            ids += [json.loads(line)["id"] for line in f if line.strip()]
+    return ids
+
+
+def split_counts(ids: list[str], eval_fraction: float, warmup_fraction: float, seed: int = 0) -> dict:
+    from pivot_assets.core.split import ConversationSplit
+
+    split = ConversationSplit(eval_fraction, warmup_fraction, seed)
+    out = {"held_out": 0, "warmup": 0, "pool": 0}
+    for i in ids:
+        out[split.role(i)] += 1
+    return out
+
+
+def find_split(ids: list[str], held_out: int, pool: int) -> tuple[float, float, dict]:
+    """eval_fraction, warmup_fraction (3 decimals) giving `held_out` items held out (the nearest) and a pool of at
+    least `pool` items (the smallest)."""
+    from pivot_assets.core.ids import seeded_unit
+
+    u = sorted(seeded_unit(0, i) for i in ids)
+    # held out: u < e; pool: u >= e + w
+    e = round((u[held_out - 1] + u[held_out]) / 2, 3) if held_out < len(u) else 0.999
+    best = None
+    for w_milli in range(0, 1000):
+        w = w_milli / 1000
+        if e + w >= 1:
+            break
+        counts = split_counts(ids, e, w)
+        if counts["pool"] >= pool:
+            best = (e, w, counts)
+    return best
+
+
+def design(budget: float, target: float) -> dict:
+    c = components()
+    ids = bfcl_ids()
+    N = len(ids) - 2  # 2 live_simple items are quarantined (their answer lists an argument with no accepted value)
+    P = math.ceil(v("min_adv") / v("adv_share_low"))
+    I_max = N - P - v("min_warmup")
+    grid = [(S, I, k) for S, I, k in itertools.product(range(1, 41), range(50, I_max + 1, 5), (1, 2, 4, 8))]
+    fits = [(half_width(c, S, I, k), minutes(S, I, k, P)["total"], S, I, k) for S, I, k in grid
+            if minutes(S, I, k, P)["total"] <= budget]
+    best = min(fits)
+    reach = [(minutes(S, I, k, P)["total"], half_width(c, S, I, k), S, I, k) for S, I, k in grid
+             if half_width(c, S, I, k) <= target]
+    cheapest = min(reach) if reach else None
+    return {"c": c, "N": N, "P": P, "I_max": I_max, "best": best, "cheapest_target": cheapest, "ids": ids}
+
+
+def render(d: dict, budget: float, target: float) -> str:
+    c, (hw, total, S, I, k), P = d["c"], d["best"], d["P"]
+    m = minutes(S, I, k, P)
+    e, w, counts = find_split(d["ids"], I, P)
+    check = split_counts(d["ids"], 0.45, 0.483)
+    fits_target = hw <= target
+    lines = [
+        "# The decisive comparison: GRPO on D_adv against GRPO on D_cand at equal GRPO compute (BFCL single-turn)", "",
+        "## Design, written before the run", "",
+        "Written by `.venv/bin/python bench/decisive_design.py` before any unit of the run existed; the runner "
+        "(`bench/decisive.py --report`) appends the results below this section and leaves it as it is.", "",
+        "Two arms, `grpo_adv` and `grpo_cand`: the same init (the SFT warm-up, the reference), the same number of GRPO "
+        "steps (D_cand is drawn per seed from the pool's candidates, as many as D_adv has in the pool; one pass, one "
+        "prompt group of 4 completions a step), the same seeds and the same learning rate; the reference is scored on "
+        "each seed's draw. The headline is the paired `grpo_adv - grpo_cand` difference on every held-out profiled "
+        "item, pooled over the seeds (seed s of each arm on evaluation draw s), with its 95% interval from the "
+        "project's hierarchical bootstrap (seeds, then conversations, then items).", "",
+        "### Inputs", "", "| name | value | source |", "|---|---|---|"]
+    lines += [f"| {name} | {val} | {src} |" for name, (val, src) in INPUTS.items()]
+    lines += [
+        "", "### Variance components (backed out of the reduced run's intervals: no per-item data of it is in the "
+        "repository)", "",
+        "Normal approximation, V = (half-width / 1.96)^2; S0 = 2 seeds, I0 = 174 items, k0 = 2 samples.", "",
+        f"- reference: V_ref = ({(v('ref_ci')[1] - v('ref_ci')[0]) / 2:.4f} / 1.96)^2 = {c['V_ref']:.3g} = (sp2 + sw2/4) "
+        f"/ 174, and sp2 + sw2 = p(1-p) = {v('p_ref') * (1 - v('p_ref')):.4f} (binary reward): **within-item sample "
+        f"variance sw2 = {c['sw2']:.4f}, between-item variance sp2 = {c['sp2']:.4f}**",
+        f"- item x arm interaction: sd2 = I0 V_ae = 174 x {c['V_ae']:.3g} = **{c['sd2']:.4f}** (all of the adv - exact "
+        "pair's variance counted as item variance: an upper bound)",
+        f"- seed variance of the adv - cand effect: tau2 = (V_ac - sd2/I0 - 2 sw2/(S0 I0 k0)) x S0^2/(S0-1) = "
+        f"({c['V_ac']:.3g} - {c['sd2'] / v('I0'):.3g} - {c['sampling0']:.3g}) x 4 = **{c['tau2']:.3g} (sd "
+        f"{math.sqrt(c['tau2']):.3f})**; if the whole adv - cand interval were seed variance: {c['tau2_high']:.3g} "
+        f"(sd {math.sqrt(c['tau2_high']):.3f})",
+        "", "The seed term dominates: a seed of the quick run moved the adv - cand difference by about "
+        f"{math.sqrt(c['tau2']):.2f} (different D_cand draws of 14 turns overlapping D_adv in 2 and 7, 14-step runs). "
+        "With two seeds this estimate is itself rough (one degree of freedom); pools of 60+ turns may average part of "
+        "the D_cand draw away, and longer training may widen or narrow it. The run's own seeds re-estimate it.", "",
+        "### Half-width of the paired adv - cand 95% interval", "",
+        "V(S, I, k) = tau2/S + sd2/I + 2 sw2/(S I k); half-width = 1.96 sqrt(V). The first row is the quick run's "
+        "shape: 0.074 here where its bootstrap printed 0.059, because a bootstrap over S seeds puts (S-1)/S of the "
+        "seed term in its interval (1/2 at two seeds): these are the true half-widths, which the printed interval "
+        "approaches as seeds are added.", "",
+        "| seeds | items | eval_k | half-width | tau2 low / high | wall min (this CPU) |", "|---|---|---|---|---|---|"]
+    for S2, I2, k2 in ((2, 174, 2), (3, 150, 2), (S, I, k), (4, 235, 4), (8, 235, 4), (12, 235, 4), (16, 235, 2)):
+        lines.append(f"| {S2} | {I2} | {k2} | {half_width(c, S2, I2, k2):.3f} | "
+                     f"{half_width(c, S2, I2, k2, c['tau2_low']):.3f} / {half_width(c, S2, I2, k2, c['tau2_high']):.3f} "
+                     f"| {minutes(S2, I2, k2, P)['total']:.0f} |")
+    ch = d["cheapest_target"]
+    lines += [
+        "", "### Cost and the choice", "",
+        f"Pool: D_adv >= {v('min_adv')} at the lowest share seen ({v('adv_share_low')}) needs a pool of {P} items; GRPO "
+        f"steps per run counted at the highest share ({v('adv_share_high')}): {m['steps']} (one pass, 1 prompt x 4 "
+        f"completions a step). Held-out items at most {d['I_max']} ({d['N']} BFCL items less the pool less a warm-up "
+        f"of >= {v('min_warmup')}).", "",
+        f"Searched: seeds 1-40, held-out items 50-{d['I_max']} (steps of 5), eval_k 1/2/4/8, within {budget:.0f} min of "
+        "wall time.", "",
+        (f"**The target half-width {target} fits {budget:.0f} min.**" if fits_target else
+         f"**The target half-width {target} does not fit {budget:.0f} minutes of this CPU**: the seed term alone needs "
+         f"{math.ceil(c['tau2'] / (target / Z) ** 2)} seeds (tau2 / S <= ({target}/1.96)^2), and a seed costs two GRPO "
+         f"runs of ~{m['steps']} steps (~{2 * m['steps'] * v('g') / 60:.0f} CPU min). "
+         + (f"The cheapest design that reaches it: {ch[2]} seeds x {ch[3]} items x eval_k {ch[4]}, half-width "
+            f"{ch[1]:.3f}, about {ch[0] / 60:.1f} h on this CPU." if ch else "No design in the grid reaches it.")
+         + " So this design is the one with the smallest half-width that fits:"),
+        "",
+        f"| | chosen |", "|---|---|",
+        f"| seeds | **{S}** ({', '.join(str(s) for s in range(S))}) |",
+        f"| held-out items (primary set: every held-out profiled item) | **{counts['held_out']}** "
+        f"(`training.eval_fraction: {e}`) |",
+        f"| eval_k (samples per item and draw) | **{k}** |",
+        f"| pool (profiled, trained on) | **{counts['pool']}** items (`training.warmup_fraction: {w}`; the warm-up: "
+        f"{counts['warmup']} items), D_adv expected {math.floor(v('adv_share_low') * counts['pool'])}-"
+        f"{math.ceil(v('adv_share_high') * counts['pool'])} |",
+        f"| GRPO steps per run | one pass over D_adv's pool: = D_adv's pool size, both arms (`ablation.epochs: 1`); "
+        f"~{m['steps']} counted; whether the training reward visibly rises in one pass is for the learning-rate "
+        "sweep to show: if it does not, raise `ablation.epochs` and re-run this design (each pass adds "
+        f"~{2 * m['steps'] * v('g') / 60 / v('par'):.0f} min a seed) |",
+        f"| expected half-width | **{hw:.3f}** (tau2 low / high: {half_width(c, S, I, k, c['tau2_low']):.3f} / "
+        f"{half_width(c, S, I, k, c['tau2_high']):.3f}) |",
+        f"| estimated wall time | **{total:.0f} min ({total / 60:.1f} h)**: warm-up, ingest and profiling "
+        f"{m['fixed']:.0f}, GRPO {m['train']:.0f}, evaluation {m['eval']:.0f} |",
+        "",
+        f"The split counts are exact for the BFCL item ids (`core/split.py` on simple_python + live_simple; check: "
+        f"0.45 / 0.483 gives {check['held_out']} / {check['warmup']} / {check['pool']}, the full run's 303 / 315 / 38); "
+        "2 quarantined items make the real counts one or two lower.", "",
+        "Learning rate: **not chosen yet** (`training.learning_rate: null` in `configs/decisive_bfcl.yaml`): a short "
+        "sweep on a separate slice (not the held-out items) picks it before the run; both arms use it.", "",
+        "Evaluation: **sampled** (temperature 1.0, top_p 1.0, per-sample seeds shared by every model on a draw), "
+        "as profiling samples: the question is whether the policy's *sampled* success rate on held-out turns moves "
+        "(greedy decoding of a 135M model gives one answer per item, so eval_k > 1 would add nothing and a small "
+        "shift of probability mass would not show until it flips the argmax). Samples stop at the end of the "
+        "assistant turn (`<|im_end|>`, EOS: `policies/models.stop_token_ids`, both backends) or at 80 new tokens; "
+        "on the warmed policy 9-12% of samples reach the cap (bench/RESULTS_ablation_bfcl_sizing.md), the base "
+        "model's 78-89% (it is not evaluated here). A stop at `</tool_call>` is not added: the tool_call verifier "
+        "reads several `<tool_call>` blocks as a batch of calls, so a sample that calls a second time is wrong today "
+        "and would be cut to right by such a stop: it changes the measure, and most samples already end a few tokens "
+        "after the tag. Half the cost of a turn is the prompt's prefill anyway (1.1 of 1.99 s).", "",
+        "Backend: `policy.backend: transformers`, two evaluation units at a time (on this EPYC vLLM, one engine at a "
+        "time, measured 1.35 s a turn at k=4, RESULTS_ablation_bfcl.md; transformers at two workers ~1.3).", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--budget-min", type=float, default=180.0)
+    ap.add_argument("--target", type=float, default=0.03)
+    ap.add_argument("--write", default=None, help="write the design head to this results file")
+    args = ap.parse_args()
+    d = design(args.budget_min, args.target)
+    text = render(d, args.budget_min, args.target)
+    print(text)
+    if args.write:
+        Path(args.write).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
