@@ -2,8 +2,9 @@
 profiling, a rerun that finishes it with nothing duplicated, the per-round table, views and budget in `pivot sql`,
 and a second rerun that generates and trains nothing.
 
-A graded, fact-blind string verifier gives the tiny policy mixed outcomes, so both rounds have pivots to train on.
-Every model is tiny: 1 GRPO step per round, K=2, 8 tokens a sample.
+The rounds' plumbing is under test, not the model: the policy is the tiny random-weight one (tests/tiny_model.py),
+and a graded, fact-blind string verifier gives its random completions mixed outcomes, so both rounds have pivots
+to train on. Every run is small: 1 GRPO step per round, K=2, 8 tokens a sample.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ TURNS, K = 6, 2
 CONFIG = f"""
 warehouse: ./wh
 sample: {{n_trajectories: 6, seed: 3}}
-policy: {{backend: transformers, model: embedded, k: {K}, max_new_tokens: 8, limit_turns: {TURNS}, batch_size: 2}}
+policy: {{backend: transformers, model: MODEL, k: {K}, max_new_tokens: 8, limit_turns: {TURNS}, batch_size: 2}}
 verifier:
   default: {{name: string_similarity, graded: true, facts: ignore}}
 pivots: {{lambda_diff: 0.95}}
@@ -33,6 +34,11 @@ training: {{set: adv, init: reference, steps: 1, num_generations: 2, max_complet
 refresh: {{rounds: 2, steps_per_round: 1, skip_settled_prob: 1.0, replay_fraction: 1.0, seed: 0}}
 runtime: {{workers: 1, threads: 1}}
 """
+
+
+def config(model_dir) -> str:
+    """CONFIG with the tiny test policy as the reference policy."""
+    return CONFIG.replace("MODEL", str(model_dir))
 REPORT = "*refresh_report"  # the rounds and everything upstream of them (not pivot_eval or the exports' consumers)
 
 
@@ -54,18 +60,19 @@ def last_metadata(asset: str) -> dict:
     return {k: v.value for k, v in event.asset_materialization.metadata.items()}
 
 
-def test_two_refresh_rounds_through_pivot_run(tmp_path, monkeypatch, embedded_model_dir, capsys):
+def test_two_refresh_rounds_through_pivot_run(tmp_path, monkeypatch, tiny_model_dir, capsys):
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "pivot.yaml").write_text(CONFIG)
+    (tmp_path / "pivot.yaml").write_text(config(tiny_model_dir))
     wh = tmp_path / "wh"
     assert pivot(["run", "--select", "*refresh_round_0"]) == 0, capsys.readouterr().err
     reference_parts = len(list((wh / "rollouts").glob("part-*.parquet")))
     assert len(rollout_keys(wh)) == TURNS * K
 
     # kill -9 of `pivot run` (supervisor and worker) once round 1 has written its first rollouts part
-    kill_run_after_first_part([str(VENV_BIN / "pivot"), "run", "--select", REPORT],
-                              lambda: len(list((wh / "rollouts").glob("part-*.parquet"))) > reference_parts)
+    killed = kill_run_after_first_part([str(VENV_BIN / "pivot"), "run", "--select", REPORT],
+                                       lambda: len(list((wh / "rollouts").glob("part-*.parquet"))) > reference_parts)
+    assert killed.mid_run, "the run ended before round 1 wrote its first part"
     interrupted = len(rollout_keys(wh)) - TURNS * K
     assert 0 < interrupted < TURNS * K, "killed before or after round 1's profiling: resize the test"
     assert not (wh / "models" / "refresh_round_1" / ".pivot_key").exists()
