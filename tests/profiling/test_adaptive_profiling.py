@@ -126,10 +126,11 @@ def test_kill_9_mid_adaptive_rounds_then_resume(tmp_path, ingested, adaptive_run
     config = BASE.replace("batch_size: 12", "batch_size: 2") + ADAPTIVE  # one turn's round per part
     root = project(tmp_path, ingested, config, monkeypatch)
     parts = root / "wh" / "rollouts"
-    kill_run_after_first_part([str(VENV_BIN / "pivot"), "run", "--select", "rollouts"],
-                              lambda: len(list(parts.glob("part-*.parquet"))) >= 3)
-    written = len(samples(root)) if parts.is_dir() else 0
-    assert 0 < written < TURNS * K, "the run finished before it could be killed: make the test input larger"
+    killed = kill_run_after_first_part([str(VENV_BIN / "pivot"), "run", "--select", "rollouts"],
+                                       lambda: len(list(parts.glob("part-*.parquet"))) >= 3)
+    assert killed.mid_run, "the run ended before its third part was seen"
+    written = len(samples(root))  # the whole run was killed: what it left is what it had written at the kill
+    assert 0 < written < TURNS * K, "the run had drawn every sample when it was killed: make the test input larger"
     assert pivot(["run", "--select", "rollouts"]) == 0
     assert samples(root) == samples(adaptive_run[0].parent)  # an uninterrupted run's samples, none twice
 
