@@ -531,7 +531,7 @@ def report(config: Path, data: Path, out: Path | None, png: Path | None) -> str:
     text = "\n".join(lines)
     if out is not None:
         head = out.read_text() if out.is_file() else ""
-        head = head.split(RESULTS_MARK, 1)[0].rstrip("\n")
+        head = ("\n" + head).split(RESULTS_MARK, 1)[0].strip("\n")
         out.write_text((head + "\n\n" if head else "") + text)
     return text
 

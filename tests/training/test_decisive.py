@@ -1,0 +1,117 @@
+"""bench/decisive.py on a tiny slice: the runner finishes, its report comes from the unit files alone (the same text
+with the warehouse deleted), and a run killed with -9 after its first unit file resumes without recomputing any unit
+whose file existed."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNNER = ROOT / "bench" / "decisive.py"
+
+CONFIG = """\
+warehouse: ./wh
+sample: {n_trajectories: 12, seed: 3}
+sft: {model: MODEL, steps: 2, batch_size: 2, max_length: 1024}
+policy: {backend: transformers, model: sft, k: 2, max_new_tokens: 12, dtype: bfloat16, device: cpu}
+verifier:
+  default: {name: string_similarity, graded: true, facts: ignore}
+pivots: {lambda_diff: 0.95, max_per_trajectory: 1}
+training: {set: adv, init: sft, num_generations: 2, max_completion_length: 8, eval_fraction: 0.4,
+           warmup_fraction: 0.3, eval_k: 2, eval_max_turns: 6, bootstrap: 200}
+ablation: {arms: [grpo_adv, grpo_cand], seeds: [0, 1], epochs: 1, primary: profiled}
+runtime: {workers: 1}
+decisive: {learning_rate: 1.0e-3, half_width: 0.5}
+"""
+UNITS = 4 + 6  # train: 2 arms x 2 seeds; eval: (reference + 2 arms) x 2 draws
+COUNT = re.compile(r"decisive: computed (\d+) unit\(s\) \(train (\d+), eval (\d+)\); (\d+) already present")
+
+
+def _cmd(config: Path, data: Path, work: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, str(RUNNER), "--config", str(config), "--data", str(data), "--work", str(work),
+            "--out", str(out), "--png", str(out.with_suffix(".png")), *extra]
+
+
+def _env() -> dict:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _run(cmd: list[str]) -> str:
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc.stdout
+
+
+def _results(text: str) -> str:
+    return text[text.index("## Results"):]
+
+
+def _units(data: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in data.glob("*.parquet")}
+
+
+@pytest.mark.slow
+def test_runner_reports_from_units_alone_and_resumes_after_kill(tmp_path, tiny_model_dir):
+    import polars as pl
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(CONFIG.replace("MODEL", str(tiny_model_dir)))
+    data, work, out = tmp_path / "data", tmp_path / "work", tmp_path / "out.md"
+
+    # 1. to completion: every unit computed, the report written
+    stdout = _run(_cmd(config, data, work, out))
+    computed, train, ev, present = map(int, COUNT.search(stdout).groups())
+    assert (computed, train, ev, present) == (UNITS, 4, 6, 0)
+    assert len(_units(data)) == UNITS and not list(data.glob(".*.tmp"))
+    steps = pl.read_parquet(data / "train_grpo_adv_s0.parquet")
+    assert {"step", "reward_mean", "frac_reward_zero_std", "useful", "loss", "train_s"} <= set(steps.columns)
+    assert steps.height == steps["steps_total"][0] >= 1
+    samples = pl.read_parquet(data / "eval_reference_d1.parquet")
+    assert {"turn_id", "conversation_id", "sample", "reward", "seconds"} <= set(samples.columns)
+    assert samples.height == samples["turn_id"].n_unique() * 2  # eval_k samples per held-out turn
+    first = out.read_text()
+    assert "grpo_adv − grpo_cand (profiled, primary" in first and "**Verdict:" in first
+    assert out.with_suffix(".png").stat().st_size > 0
+
+    # 2. the report from the unit files alone: the warehouse gone, the same numbers
+    work2 = tmp_path / "work2"  # a copy without the arms' models: the killed run below trains them again
+    shutil.copytree(work, work2, ignore=shutil.ignore_patterns("ablation_grpo_*"))
+    shutil.rmtree(work)
+    _run(_cmd(config, data, work, out, "--report"))
+    assert not work.exists()
+    assert _results(out.read_text()) == _results(first)
+    again = _run(_cmd(config, data, work, out))  # every unit present: nothing computed, nothing prepared
+    assert COUNT.search(again).groups() == ("0", "0", "0", str(UNITS)) and not work.exists()
+
+    # 3. killed with -9 when its first unit file appears, then rerun: no unit whose file existed is recomputed
+    data2, out2 = tmp_path / "data2", tmp_path / "out2.md"
+    proc = subprocess.Popen(_cmd(config, data2, work2, out2), cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not _units(data2) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _units(data2), f"no unit file appeared (rc {proc.poll()})"
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    before = _units(data2)
+    assert 1 <= len(before) < UNITS
+    stdout = _run(_cmd(config, data2, work2, out2))
+    computed, train, ev, present = map(int, COUNT.search(stdout).groups())
+    assert present == len(before) and computed == UNITS - len(before)
+    after = _units(data2)
+    assert len(after) == UNITS
+    assert {name: after[name] for name in before} == before  # not rewritten
+    assert not list(data2.glob(".*.tmp"))
