@@ -7,8 +7,9 @@ Memory follows the unit size, not the input (Dagster-free):
     ranges (UNIT_RECORDS), a .json document is one unit (memory follows the largest such file);
   - each unit is processed on its own, in worker processes when the input is large enough to pay for them:
     JSONL lines go through the DuckDB chat adapter (chat_sql.py) and whatever it hands back, like every record
-    of the other readers, through the Python adapters of formats.py (the reference), which return a row or a
-    quarantine reason; at most `workers + 1` units are in flight;
+    of the other readers (formats/readers.py, reading the unit's range), through the Python adapters of the
+    formats package (the reference), which return a row or a quarantine reason; at most `workers + 1` units are
+    in flight;
   - the parent takes unit results in input order, drops trajectories whose content hash it has seen (the only
     state that grows: one short id per distinct trajectory) and streams both tables into Parquet.
 Invariant, per unit and in total: read = ingested + quarantined + duplicates. Files a directory holds that are
@@ -32,10 +33,14 @@ import pyarrow.compute as pc
 from pivot_assets.core.catalog import QUARANTINE_SCHEMA, TRAJECTORY_SCHEMA
 
 from . import files, formats
+from .formats import readers, registry
 
 UNIT_BYTES = 16 << 20  # JSONL bytes per unit: amortizes ~25 ms of fixed cost per unit; a few in flight stay < 1 GB
 UNIT_RECORDS = 2048  # records per unit for the row readers (Parquet row groups are merged up to this)
 SQL_FORMATS = ("auto", "openai")  # inputs whose JSONL lines the DuckDB chat adapter may take
+# The formats chat_sql.py knows (it hands back the lines they detect): with another one registered, an auto input's
+# line could be that format's, so auto inputs then take the Python path only (slower, never different).
+SQL_KNOWN_FORMATS = frozenset({"openai", "responses", "tau2", "sharegpt", "bfcl", "bfcl_multi_turn"})
 BLANK = b" \t\n\r\x0b\x0c"  # what bytes.strip() removes: a line of only these is no record
 
 
@@ -54,6 +59,8 @@ class Unit:
     answers: str | None = None  # the input's BFCL answers (None: beside each file)
     input: int = 0  # index of the configured input the unit belongs to
     data: bytes | None = field(default=None, repr=False)  # jsonl: the lines themselves (a compressed file)
+    # modules of the formats registered from outside the formats package: a spawned worker imports them too
+    format_modules: tuple[str, ...] = ()
 
 
 class NoRecordsError(ValueError):
@@ -77,8 +84,8 @@ def plan_units(inputs: Iterable, unit_bytes: int = UNIT_BYTES, unit_records: int
     """Units of every input in input order (paths expanded as formats.scan_paths does); the files a directory
     holds that are not data are appended to `skipped` as (input index, path, reason)."""
     for index, item in enumerate(inputs):
-        spec = formats._as_input(item)
-        paths, skips = formats.scan_paths(spec.path)
+        spec = formats.as_input(item)
+        paths, skips = readers.scan_paths(spec.path)
         if skipped is not None:
             skipped.extend((index, path, reason) for path, reason in skips)
         for path in paths:
@@ -87,7 +94,7 @@ def plan_units(inputs: Iterable, unit_bytes: int = UNIT_BYTES, unit_records: int
 
 def _file_units(path: Path, spec: formats.Input, index: int, unit_bytes: int, unit_records: int) -> Iterator[Unit]:
     common = {"path": str(path), "fmt": spec.format, "domain": spec.domain, "tools": spec.tools,
-              "answers": spec.answers, "input": index}
+              "answers": spec.answers, "input": index, "format_modules": registry.outside_modules()}
     kind = None if path.is_dir() else files.data_kind(path)
     if path.is_dir():
         n_rows = _hf_rows(path)
@@ -152,14 +159,7 @@ def _parquet_units(path: Path, common: dict, unit_records: int) -> Iterator[Unit
 
 
 def _hf_rows(path: Path) -> int:
-    return sum(len(split) for split in _hf_splits(path))
-
-
-def _hf_splits(path: Path) -> list:
-    import datasets
-
-    loaded = datasets.load_from_disk(str(path))
-    return [loaded[name] for name in loaded] if isinstance(loaded, datasets.DatasetDict) else [loaded]
+    return sum(len(split) for split in readers.hf_splits(path))
 
 
 # ---------------------------------------------------------------------------------------------- one unit
@@ -168,6 +168,7 @@ def _hf_splits(path: Path) -> list:
 def run_unit(unit: Unit) -> UnitResult:
     """Adapt every record of one unit: trajectory rows (not yet deduplicated) and quarantine rows. Records without
     tools get the input's `tools:` file here, before dedup sees their ids (as formats.iter_ingest does)."""
+    registry.load(unit.format_modules)
     result = _run_jsonl(unit) if unit.kind == "jsonl" else _adapt_in_python(_unit_records(unit), unit)
     result.input = unit.input
     if unit.tools:
@@ -190,16 +191,21 @@ def _run_jsonl(unit: Unit) -> UnitResult:
             f.seek(unit.offset)
             data = f.read(unit.length)
     lines = split_lines(data, unit.first_record)
-    accepted = _sql_rows(lines, unit) if unit.fmt in SQL_FORMATS and lines.num_rows else None
+    accepted = _sql_rows(lines, unit) if _sql_may_take(unit.fmt) and lines.num_rows else None
     numbers = lines.column("line_no").to_numpy()
     handed_back = ~np.isin(numbers, accepted.column("record").to_numpy()) if accepted is not None else np.ones(len(numbers), bool)
     starts, ends = lines.column("start").to_numpy(), lines.column("end").to_numpy()
-    rest = [formats.jsonl_record(unit.path, int(numbers[i]), data[starts[i]:ends[i]]) for i in np.flatnonzero(handed_back)]
+    rest = [readers.jsonl_record(unit.path, int(numbers[i]), data[starts[i]:ends[i]]) for i in np.flatnonzero(handed_back)]
     result = _adapt_in_python(rest, unit, read=lines.num_rows)
     if accepted is not None and accepted.num_rows:
         result.trajectories = _in_record_order(accepted, result.trajectories)
         result.by_path["sql"] += accepted.num_rows
     return result
+
+
+def _sql_may_take(fmt: str) -> bool:
+    """Whether the DuckDB chat adapter may take an input's lines (it hands back what it cannot prove openai)."""
+    return fmt == "openai" or (fmt in SQL_FORMATS and set(registry.names()) <= SQL_KNOWN_FORMATS)
 
 
 def _in_record_order(accepted: pa.Table, adapted: pa.Table) -> pa.Table:
@@ -286,29 +292,15 @@ def _connection():
 
 
 def _unit_records(unit: Unit) -> Iterator[formats.RawRecord]:
+    """The records of a json, parquet or hf unit, read by the reference readers over the unit's range."""
     path = Path(unit.path)
     if unit.kind == "json":
-        yield from formats.read_json(path)
+        yield from readers.read_json(path)
     elif unit.kind == "parquet":
-        import pyarrow.parquet as pq
-
         groups = list(range(unit.offset, unit.offset + unit.length))
-        index = unit.first_record
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=formats.PARQUET_BATCH_ROWS, row_groups=groups):
-            for row in batch.to_pylist():
-                yield formats.RawRecord(unit.path, index, value=row)
-                index += 1
+        yield from readers.read_parquet(path, row_groups=groups, first_record=unit.first_record)
     elif unit.kind == "hf":
-        yield from _hf_records(path, unit)
-
-
-def _hf_records(path: Path, unit: Unit) -> Iterator[formats.RawRecord]:
-    start, stop, base = unit.offset, unit.offset + unit.length, 0
-    for split in _hf_splits(path):
-        lo, hi = max(start - base, 0), min(stop - base, len(split))
-        for i in range(lo, hi):
-            yield formats.RawRecord(unit.path, base + i, value=split[i])
-        base += len(split)
+        yield from readers.read_hf_dataset(path, start=unit.offset, stop=unit.offset + unit.length)
 
 
 def _adapt_in_python(records: Iterable[formats.RawRecord], unit: Unit, read: int | None = None) -> UnitResult:
@@ -370,7 +362,7 @@ def default_workers(inputs: list, unit_bytes: int = UNIT_BYTES) -> int:
     to repay starting them (spawned workers cost about a second)."""
     total = 0
     for item in inputs:
-        for path in formats.expand_paths(formats._as_input(item).path):  # compressed files count as stored
+        for path in readers.expand_paths(formats.as_input(item).path):  # compressed files count as stored
             total += sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
     if total < 4 * unit_bytes:
         return 1
@@ -408,7 +400,7 @@ def stream_ingest(inputs: list, trajectory_writer, quarantine_writer, *, workers
         raise RuntimeError(f"ingest counts do not add up: {dict(counts)}")
     for index, item in enumerate(inputs):
         if read_by_input[index] == 0:
-            raise NoRecordsError(no_records_message(index, formats._as_input(item).path,
+            raise NoRecordsError(no_records_message(index, formats.as_input(item).path,
                                                     [(p, r) for i, p, r in skipped if i == index]))
     return {"read": counts["read"], "ingested": counts["ingested"], "quarantined": counts["quarantined"],
             "duplicates": counts["duplicates"], "by_format": dict(by_format), "quarantine_reasons": dict(reasons),

@@ -235,7 +235,7 @@ def test_missing_input_path_fails_clearly(tmp_path):
 
 
 def test_garbage_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(formats, "MAX_RECORD_BYTES", 4096)
+    monkeypatch.setattr(formats.readers, "MAX_RECORD_BYTES", 4096)  # the readers apply the cap
     good_b = json.loads(json.dumps(OPENAI_RECORD))
     good_b["messages"][1]["content"] = "Weather in Nice?"
 

@@ -1,0 +1,70 @@
+"""tau2: tau2-bench results files, one record per simulation.
+
+`simulations[].messages`; tool calls {id, name, arguments(object)}; tool results are `role: tool` with `id` = the
+call id; reward from `reward_info.reward`; domain from `info.environment_info.domain_name`; the policy text
+(simulation `policy` or info.environment_info.policy) becomes the leading system message (tau2's agent wraps it in
+its own instruction template; we keep the policy verbatim). tau2 results store no tool schemas
+(`environment_info.tool_defs` is null in the shared run), so tools are "[]" unless `environment_info.tool_defs` /
+`tools` holds a list. A simulation is detected by its `reward_info`, or by sitting in a results file (`info` /
+`tasks` beside `simulations`).
+"""
+
+from __future__ import annotations
+
+import json
+
+from .messages import chat_messages, message, record_domain
+from .records import Origin, RecordError
+from .registry import Format, register
+
+
+def adapt_tau2(value: dict, origin: Origin) -> dict:
+    """One tau2-bench simulation; `origin.file` is the results file minus its simulations."""
+    context = origin.file
+    env = ((context.get("info") or {}).get("environment_info") or {}) if isinstance(context.get("info"), dict) else {}
+    messages = chat_messages(value.get("messages"))
+    policy = value.get("policy") or env.get("policy")
+    if isinstance(policy, str) and policy and not (messages and messages[0]["role"] == "system"):
+        messages.insert(0, message("system", policy))
+    tools = next((t for t in (env.get("tool_defs"), env.get("tools"), value.get("tools")) if isinstance(t, list)), None)
+    reward_info = value.get("reward_info")
+    if reward_info is not None and not isinstance(reward_info, dict):
+        raise RecordError("wrong_type", f"reward_info is {type(reward_info).__name__}")
+    reward = (reward_info or {}).get("reward", value.get("reward"))
+    domain = env.get("domain_name") or record_domain(value)
+    return {"messages": messages, "tools": tools, "reward": reward, "domain": domain}
+
+
+def is_simulation(value: dict, file: dict | None) -> bool:
+    in_results_file = bool(file) and "simulations" not in value and "messages" in value and (
+        "info" in file or "tasks" in file)
+    return "reward_info" in value or in_results_file
+
+
+def tau2_as_openai_chat(results: dict, tools: list | None = None, domain: str = "airline") -> list[dict]:
+    """tau2-bench results (`{"simulations": [...]}`) as OpenAI chat records: the domain policy as the system
+    message, tool calls with JSON-string arguments, tool results by call id; task id and reward kept, and
+    `tools` on every record when given. The shape most trainers read (and the one bench_ingest replicates)."""
+    records = []
+    for sim in results["simulations"]:
+        messages = [{"role": "system", "content": sim["policy"]}]
+        for m in sim["messages"]:
+            if m["role"] == "tool":
+                messages.append({"role": "tool", "tool_call_id": m["id"], "content": m["content"]})
+            elif m.get("tool_calls"):
+                messages.append({"role": "assistant", "content": m.get("content"), "tool_calls": [
+                    {"id": c["id"], "type": "function",
+                     "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}}
+                    for c in m["tool_calls"]]})
+            else:
+                messages.append({"role": m["role"], "content": m["content"]})
+        record = {"id": sim["id"], "task_id": sim["task_id"], "messages": messages}
+        if tools is not None:
+            record["tools"] = tools
+        records.append({**record, "reward": sim["reward_info"]["reward"], "domain": domain})
+    return records
+
+
+register(Format(
+    name="tau2", description="tau2-bench results, `simulations[].messages` with `reward_info` and the policy",
+    keys=("messages",), adapt=adapt_tau2, detect=is_simulation, json_keys=("messages", "reward_info")))
