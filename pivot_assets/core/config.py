@@ -9,9 +9,10 @@ A field's `In(...)` marker names the identities (code versions, cache keys) it b
 from __future__ import annotations
 
 import glob
+import importlib
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_serializer,
@@ -22,8 +23,6 @@ from pivot_assets.core.engines import AUTO, EngineChoice, choose_engine
 from pivot_assets.core.identity import EVALUATION, PIVOTS, ROLLOUTS, SAMPLING, SFT, TRAINING, In
 from pivot_assets.core.identity import REFRESH
 
-InputFormat = Literal["auto", "openai", "responses", "tau2", "sharegpt", "bfcl", "bfcl_multi_turn"]
-FORMATS = get_args(InputFormat)  # the input formats (ingest/formats.py describes each)
 Dtype = Literal["auto", "float32", "bfloat16"]
 LAMBDA_DIFF = 0.6  # pivots.lambda_diff's default: the one source (contracts and the profiler's defaults read it)
 STATE_DIR = ".warehouse-state"  # beside the config: the local state of s3:// warehouses, one dir per bucket/prefix
@@ -80,12 +79,28 @@ class VerifierSection(_Strict):
         return data
 
 
+def input_formats() -> tuple[str, ...]:
+    """The input formats' names: `auto`, then every registered format (pivot_assets/ingest/formats/registry.py).
+    Asked when an input names a format or the schema is written, never at import: core sits below ingest (the
+    layers contract), so the registry is looked up by module name at run time rather than imported."""
+    registry = importlib.import_module("pivot_assets.ingest.formats.registry")
+    return (registry.AUTO, *registry.names())
+
+
+def _input_format_schema(schema: dict) -> None:
+    """The JSON Schema of `inputs[].format`: the registered names (editors complete them; the reference lists
+    them) and each format's one-line description."""
+    registry = importlib.import_module("pivot_assets.ingest.formats.registry")
+    schema["enum"] = list(input_formats())
+    schema["description"] += f" Formats: {registry.describe()}."
+
+
 class InputSpec(_Strict):
     """One input: a file, directory or glob of SFT trajectories in one format."""
 
     path: str = Field(description="A file, directory or glob of trajectories (relative to the config file).")
-    format: InputFormat = Field("auto", description=(
-        "The input format; auto: detected from the records (ingest/formats.py describes each)."))
+    format: str = Field("auto", json_schema_extra=_input_format_schema, description=(
+        "The input format; auto: detected from each record (ingest/formats/: one module per format)."))
     domain: str | None = Field(None, description=(
         "The domain given to every record of this input; null: the record's own, else `default`."))
     tools: str | None = Field(None, description=(
@@ -94,6 +109,13 @@ class InputSpec(_Strict):
     answers: str | None = Field(None, description=(
         "BFCL possible answers: a file, or a folder of them named like the data files; null: "
         "possible_answer/<the data file's name> beside each data file (ingest/bfcl_records.py)."))
+
+    @field_validator("format")
+    @classmethod
+    def _known_format(cls, v: str) -> str:
+        if v != "auto" and v not in input_formats():
+            raise ValueError(f"unknown input format {v!r} (one of {', '.join(input_formats())})")
+        return v
 
 
 class PolicySection(_Strict):
