@@ -25,7 +25,7 @@ import pytest
 from pivot_assets.cli import main as pivot
 from pivot_assets.profiling.shards import shard_of
 from pivot_assets.supervisor import ORPHAN_GRACE_S
-from tests.crashes import kill_parent_mid_run, kill_run_after_first_part, still_alive
+from tests.crashes import kill_parent_mid_run, kill_run_after_first_part, still_alive, wait_for
 
 from .conftest import (INGEST, K, PROFILING, assert_exactly_turns_x_k, expected_rows, make_project, materializations, project_warehouse,
                        rollout_rows)
@@ -133,6 +133,12 @@ def _running_job(dashboard: str, shard: int):
     return None
 
 
+def _alive_actors(dashboard: str, job_id: str | None) -> list:
+    from ray.util.state import list_actors
+
+    return list_actors(address=dashboard, filters=[("job_id", "=", job_id), ("state", "!=", "DEAD")])
+
+
 def test_kill_9_of_a_shard_job_mid_write_then_rerun(tmp_path, ray_head, in_project):
     limit = 12
     root = in_project(make_project(tmp_path / "kill", ray_head, shards=2, limit_turns=limit, batch_rows=2,
@@ -143,17 +149,22 @@ def test_kill_9_of_a_shard_job_mid_write_then_rerun(tmp_path, ray_head, in_proje
     argv = [sys.executable, "-m", "pivot_assets.cli", "run", "--in-process", "--shard", f"{shard:03d}",
             "--select", "rollouts"]
     proc = subprocess.Popen(argv, env={**os.environ, "PIVOT_SUPERVISED": "1"})
-    killed, deadline = None, time.time() + 420
-    while time.time() < deadline and proc.poll() is None:
+    seen: dict = {}
+
+    def writing() -> bool:  # the shard's job is running and has written some of its rows, not all
         job = _running_job(ray_head.dashboard, shard)
         rows = rollout_rows(project_warehouse(root), shard)[0]
         if job is not None and job.driver_info is not None and 0 < rows < expected[shard]:
-            os.kill(int(job.driver_info.pid), signal.SIGKILL)  # the shard job's driver, by its pid
-            killed = rows
-            break
-        time.sleep(0.2)
-    assert killed is not None, "the job finished (or never wrote) before it could be killed mid-write"
+            seen.update(job=job, rows=rows)
+            return True
+        return False
+
+    assert wait_for(writing, timeout_s=420, proc=proc, poll_s=0.2), \
+        "the job finished (or never wrote) before it could be killed mid-write"
+    os.kill(int(seen["job"].driver_info.pid), signal.SIGKILL)  # the shard job's driver, by its pid
     assert proc.wait(180) != 0  # the Dagster run fails with its Ray job
+    # the driver's actors die with it, but one may finish the batch in hand first: count once none is left
+    assert wait_for(lambda: not _alive_actors(ray_head.dashboard, seen["job"].job_id), timeout_s=120, poll_s=0.5)
     partial, distinct = rollout_rows(project_warehouse(root), shard)
     assert 0 < partial < expected[shard] and partial == distinct
 
@@ -187,20 +198,25 @@ def test_kill_9_of_pivot_run_leaves_no_process_and_a_rerun_completes(tmp_path, r
     limit = 12
     root = tmp_path / "parent"
     env, argv, wh = _killable_project(root, ray_head, limit)
-    children = kill_parent_mid_run(argv, lambda: rollout_rows(wh)[0] > 0, cwd=root, env=env)
-    written = rollout_rows(wh)[0]
-    assert 0 < written < limit * K, "the run finished before it could be killed: make the test input larger"
+    # the rows are counted at the kill (the Ray jobs' actors write on until the shard runs stop them)
+    killed = kill_parent_mid_run(argv, lambda: rollout_rows(wh)[0] > 0, cwd=root, env=env,
+                                 at_kill=lambda: rollout_rows(wh)[0])
+    assert killed.mid_run, "the run ended before its first part was seen"
+    written, children = killed.at_kill, killed.descendants
+    assert 0 < written < limit * K, "the run had written every row when it was killed: make the test input larger"
     assert len(children) >= 3, children  # the worker and both shard runs (max_shard_runs: 2)
     t0 = time.perf_counter()
     # every descendant went with the parent: the worker within ORPHAN_GRACE_S of the kill, a shard run within
     # ORPHAN_GRACE_S of the worker's end (each is SIGKILLed then if a clean stop has not ended it)
-    assert still_alive(children, within_s=2 * ORPHAN_GRACE_S + 4) == []
+    # (an upper bound is the point: a process left running would be found; 30 s of slack on top of the two grace
+    # periods keeps a loaded machine's slow stops and exits from reading as "left running")
+    assert still_alive(children, within_s=2 * ORPHAN_GRACE_S + 30) == []
     print(f"kill -9 of `pivot run` with {written} rows written: its {len(children)} descendants gone in "
           f"{time.perf_counter() - t0:.1f} s")
-    deadline = time.time() + 30  # Ray marks a stopped job terminal once its supervisor reaped the driver: slow under load
-    while _unfinished_jobs(ray_head.dashboard, str(wh.root)) and time.time() < deadline:
-        time.sleep(0.5)
-    assert _unfinished_jobs(ray_head.dashboard, str(wh.root)) == []  # the shard runs stopped their Ray jobs
+    # the shard runs stopped their Ray jobs: Ray marks a stopped job terminal once its supervisor reaped the driver,
+    # slow under load; the wait ends at that event, its bound only keeps a job left running from hanging the test
+    assert wait_for(lambda: not _unfinished_jobs(ray_head.dashboard, str(wh.root)), timeout_s=120, poll_s=0.5), \
+        _unfinished_jobs(ray_head.dashboard, str(wh.root))
 
     rerun = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
@@ -216,7 +232,8 @@ def test_kill_9_of_everything_mid_run_then_rerun_stops_the_orphaned_jobs(tmp_pat
     limit = 12
     root = tmp_path / "all"
     env, argv, wh = _killable_project(root, ray_head, limit)
-    kill_run_after_first_part(argv, lambda: rollout_rows(wh)[0] > 0, cwd=root, env=env)
+    assert kill_run_after_first_part(argv, lambda: rollout_rows(wh)[0] > 0, cwd=root, env=env).mid_run, \
+        "the run ended before its first part was seen"
     orphans = _unfinished_jobs(ray_head.dashboard, str(wh.root))
     assert orphans, "no Ray job outlived the kill: make the test input larger"
     for job in orphans:  # frozen drivers: still running when the rerun reaches them, however fast this machine is
