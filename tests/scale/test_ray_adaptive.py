@@ -77,9 +77,11 @@ def test_adaptive_rounds_through_ray_draw_exactly_the_local_samples(tmp_path, ra
     in_project(killed)
     assert pivot(["run", "--select", INGEST]) == 0
     env = {**os.environ, "DAGSTER_HOME": str(killed / "dagster_home")}
-    kill_run_after_first_part([str(VENV_BIN / "pivot"), "run", "--select", "rollouts"],
-                              lambda: bool(list((killed / "wh" / "rollout_rewards").glob("shard=*/part-*.parquet"))),
-                              cwd=killed, env=env, timeout_s=600)
-    assert 0 < len(samples(killed)) < len(ray_samples), "the run finished before it could be killed"
+    # the samples are counted at the kill: the orphaned Ray jobs' actors write on until the rerun stops them
+    kill = kill_run_after_first_part([str(VENV_BIN / "pivot"), "run", "--select", "rollouts"],
+                                     lambda: bool(list((killed / "wh" / "rollout_rewards").glob("shard=*/part-*.parquet"))),
+                                     cwd=killed, env=env, timeout_s=600, at_kill=lambda: len(samples(killed)))
+    assert kill.mid_run, "the run ended before a first round was scored"
+    assert 0 < kill.at_kill < len(ray_samples), "the run had drawn every sample when it was killed"
     assert pivot(["run", "--select", PROFILING]) == 0  # stops the orphaned jobs, then completes every shard's rounds
     assert samples(killed) == ray_samples and profiles(killed) == profiles(local_root)
