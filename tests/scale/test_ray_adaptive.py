@@ -4,6 +4,8 @@ prior fitted on the shard's own first rounds.
 
 Covers: the Ray run draws exactly the samples (keys and completions) and reaches exactly the profiles of a local
 run with the same 2 shards (the same per-shard prior); more than one round ran; a rerun generates nothing.
+The policy is the tiny random-weight one (tests/tiny_model.py): Ray's plumbing is under test, not the model; the
+graded verifier gives its random completions mixed rewards, so some turns stop early and others take more rounds.
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ VENV_BIN = Path(sys.executable).parent
 SHARDS, LIMIT, K = 2, 8, 6
 
 
-def write_project(root, engine: str) -> None:
+def write_project(root, engine: str, model) -> None:
+    """A project profiling with `model` (the tiny test policy: Ray's plumbing is under test, not the model)."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "pivot.yaml").write_text(f"""warehouse: ./wh
 sample: {{n_trajectories: 8, seed: 3}}
-policy: {{model: embedded, k: {K}, max_new_tokens: 8, limit_turns: {LIMIT}, batch_size: 8, dtype: float32}}
+policy: {{model: {model}, k: {K}, max_new_tokens: 8, limit_turns: {LIMIT}, batch_size: 8, dtype: float32}}
 verifier: {{default: {{name: string_similarity, graded: true, facts: ignore}}}}
 profiling: {{seeding: per_sample, adaptive: {{enabled: true, rule: exact, round_size: 2, sets: [mixed]}}}}
 runtime: {{threads: 1}}
@@ -47,11 +50,11 @@ def profiles(root) -> list[tuple]:
                       "hive_partitioning = false) order by all").fetchall()
 
 
-def test_adaptive_rounds_through_ray_draw_exactly_the_local_samples(tmp_path, ray_head, in_project, embedded_model_dir):
+def test_adaptive_rounds_through_ray_draw_exactly_the_local_samples(tmp_path, ray_head, in_project, tiny_model_dir):
     ray_root, local_root = tmp_path / "ray", tmp_path / "local"
     write_project(ray_root, f'{{shards: {SHARDS}, engine: ray, ray_address: "{ray_head.dashboard}", '
-                            f'ray_batch_rows: 8, max_shard_runs: 2}}')  # = policy.batch_size
-    write_project(local_root, f"{{shards: {SHARDS}, engine: local}}")
+                            f'ray_batch_rows: 8, max_shard_runs: 2}}', tiny_model_dir)  # = policy.batch_size
+    write_project(local_root, f"{{shards: {SHARDS}, engine: local}}", tiny_model_dir)
 
     in_project(local_root)
     assert pivot(["run", "--select", f"{INGEST},{PROFILING}"]) == 0
@@ -73,7 +76,7 @@ def test_adaptive_rounds_through_ray_draw_exactly_the_local_samples(tmp_path, ra
     # kill -9 of `pivot run` between rounds (once a first round is scored), then a rerun: the same samples, none twice
     killed = tmp_path / "killed"
     write_project(killed, f'{{shards: {SHARDS}, engine: ray, ray_address: "{ray_head.dashboard}", '
-                          f'ray_batch_rows: 8, max_shard_runs: 2}}')
+                          f'ray_batch_rows: 8, max_shard_runs: 2}}', tiny_model_dir)
     in_project(killed)
     assert pivot(["run", "--select", INGEST]) == 0
     env = {**os.environ, "DAGSTER_HOME": str(killed / "dagster_home")}
