@@ -59,7 +59,7 @@ TEST_WORKERS ?= 2
 test: setup
 	$(VENV)/bin/ruff check --select F pivot_assets pivot_jobs tests bench definitions.py
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest -q -x --durations=15 -n $(TEST_WORKERS)
+	$(PY) -m pytest -q -x -rs --durations=20 -n $(TEST_WORKERS)
 	$(VENV)/bin/mkdocs build --strict -q
 
 ui: setup

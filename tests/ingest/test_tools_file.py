@@ -104,7 +104,7 @@ def test_airline_tools_cover_every_tool_the_sample_calls(shared_data_dir):
 
 
 @pytest.mark.slow
-def test_tau2_sample_profiled_with_airline_tools(shared_data_dir, tmp_path, monkeypatch, embedded_model_dir):
+def test_tau2_sample_profiled_with_airline_tools(shared_data_dir, tmp_path, monkeypatch, tiny_model_dir):
     from pivot_assets.cli import main as pivot
     from pivot_assets.policies.models import load_tokenizer, render_prompt
 
@@ -116,14 +116,14 @@ def test_tau2_sample_profiled_with_airline_tools(shared_data_dir, tmp_path, monk
     (tmp_path / "pivot.yaml").write_text(json.dumps({
         "warehouse": "./wh",
         "inputs": [{"path": str(sample), "format": "tau2", "domain": "airline", "tools": str(AIRLINE_TOOLS)}],
-        "policy": {"model": "embedded", "k": 2, "max_new_tokens": 8, "limit_turns": 1, "batch_size": 4,
+        "policy": {"model": str(tiny_model_dir), "k": 2, "max_new_tokens": 8, "limit_turns": 1, "batch_size": 4,
                    "dtype": "float32"}}))
     assert pivot(["run", "--select", "trajectories,turns,rollouts,rollout_rewards,turn_profiles"]) == 0
     wh = tmp_path / "wh"
     tools = duckdb.sql(f"select distinct tools from read_parquet('{wh}/trajectories.parquet')").fetchall()
     assert len(tools) == 1 and len(json.loads(tools[0][0])) == 14  # every simulation got the airline tools
-    # the profiled prompt carried them: its length is that of the state rendered with the tools (one turn only:
-    # a 4,200-token prompt takes about 2 minutes on the loaded 2-core CPU)
+    # the profiled prompt carried them: its length is that of the state rendered with the tools (the tiny test
+    # policy has the embedded tokenizer and template)
     turn_id, n_prompt = duckdb.sql(f"select turn_id, n_prompt_tokens from read_parquet('{wh}/rollouts/**/*.parquet') "
                                    "order by turn_id limit 1").fetchone()
     trajectory, index = duckdb.sql(

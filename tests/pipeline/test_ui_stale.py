@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 LOCATION = "pivot_curation"
 CONFIG = """warehouse: ./wh
 sample: {{n_trajectories: 4, seed: 1}}
-policy: {{model: embedded, k: 2, max_new_tokens: 8}}
+policy: {{model: {model}, k: 2, max_new_tokens: 8}}
 verifier:
   default: {{name: tool_call, text_threshold: {threshold}}}
 """
@@ -63,14 +63,14 @@ def _rollouts(wh: Path) -> int:
     return duckdb.sql(f"select count(*) from read_parquet('{wh / 'rollouts' / 'part-*.parquet'}')").fetchone()[0]
 
 
-def test_one_launch_of_the_unsynced_assets_reruns_the_stale_chain_once(tmp_path, embedded_model_dir):
+def test_one_launch_of_the_unsynced_assets_reruns_the_stale_chain_once(tmp_path, tiny_model_dir):
     from dagster_graphql import DagsterGraphQLClient
 
     home = tmp_path / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     config = tmp_path / "pivot.yaml"
-    config.write_text(CONFIG.format(threshold=0.5))
+    config.write_text(CONFIG.format(threshold=0.5, model=tiny_model_dir))
     env = {**os.environ, "DAGSTER_HOME": str(home), "PIVOT_CONFIG": str(config), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([str(VENV_BIN / "pivot"), "run", "--select", PROFILED], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=600)
@@ -92,7 +92,7 @@ def test_one_launch_of_the_unsynced_assets_reruns_the_stale_chain_once(tmp_path,
                 time.sleep(2)
         assert {k for k, v in before.items() if v == "STALE"} == set(), before
 
-        config.write_text(CONFIG.format(threshold=0.7))  # the verifier changes ...
+        config.write_text(CONFIG.format(threshold=0.7, model=tiny_model_dir))  # the verifier changes ...
         reload = _gql(client, f'mutation {{ reloadRepositoryLocation(repositoryLocationName: "{LOCATION}") '
                               "{ __typename } }")  # ... and the user clicks "Reload definitions"
         assert reload["reloadRepositoryLocation"]["__typename"] == "WorkspaceLocationEntry", reload

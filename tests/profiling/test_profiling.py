@@ -1,5 +1,5 @@
-"""Profiling with the embedded policy: turns x K rollouts, cached, resumable after kill -9, and a verifier
-change re-scores everything without generating a token."""
+"""Profiling: turns x K rollouts, cached, resumable after kill -9, and a verifier change re-scores everything
+without generating a token. The tiny test policy samples (tests/tiny_model.py): the plumbing is under test."""
 
 import sys
 from pathlib import Path
@@ -18,17 +18,22 @@ TURNS = 6
 
 BASE = f"""warehouse: ./wh
 sample: {{n_trajectories: 3, seed: 3}}
-policy: {{model: embedded, k: {K}, max_new_tokens: 8, limit_turns: {TURNS}, batch_size: 4}}
+policy: {{model: MODEL, k: {K}, max_new_tokens: 8, limit_turns: {TURNS}, batch_size: 4}}
 """
 
 
 @pytest.fixture
-def project(tmp_path, monkeypatch, embedded_model_dir):
+def project(tmp_path, monkeypatch, tiny_model_dir):
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
     monkeypatch.delenv("PIVOT_CONFIG", raising=False)
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "pivot.yaml").write_text(BASE)
+    (tmp_path / "pivot.yaml").write_text(BASE.replace("MODEL", str(tiny_model_dir)))
     return tmp_path
+
+
+def base(project: Path) -> str:
+    """The project's BASE config, as the fixture wrote it."""
+    return (project / "pivot.yaml").read_text()
 
 
 def rollout_keys(root: Path) -> list[tuple]:
@@ -58,7 +63,7 @@ def test_profile_cache_and_rescore(project, capsys):
     assert len(rollout_keys(project)) == TURNS * K
 
     # a changed verifier threshold: scoring and below are stale, generation is not
-    (project / "pivot.yaml").write_text(BASE + "verifier: {default: {name: tool_call, text_threshold: 0.2}}\n")
+    (project / "pivot.yaml").write_text(base(project) + "verifier: {default: {name: tool_call, text_threshold: 0.2}}\n")
     capsys.readouterr()
     assert pivot(["stale"]) == 0
     stale = {line.split()[0]: line.split()[1] for line in capsys.readouterr().out.splitlines()}
@@ -77,7 +82,7 @@ def test_profile_cache_and_rescore(project, capsys):
 def test_kill_9_mid_rollouts_then_resume(project):
     assert pivot(["run", "--select", "trajectories,turns"]) == 0
     # one turn per part (batch_size is a speed knob, not part of the policy identity): room to kill between parts
-    (project / "pivot.yaml").write_text(BASE.replace("batch_size: 4", "batch_size: 2"))
+    (project / "pivot.yaml").write_text(base(project).replace("batch_size: 4", "batch_size: 2"))
     parts = project / "wh" / "rollouts"
     kill_run_after_first_part([str(VENV_BIN / "pivot"), "run", "--select", "rollouts"],
                               lambda: bool(list(parts.glob("part-*.parquet"))))
@@ -89,8 +94,8 @@ def test_kill_9_mid_rollouts_then_resume(project):
     assert last_metadata("rollouts")["turns_generated"] == TURNS - written // K
 
 
-def test_profile_real_shared_data(tmp_path, monkeypatch, embedded_model_dir, shared_data_dir):
-    """Real NeMo-Gym rollouts + a tau2 airline run, profiled by the embedded policy: turns x K, then cached."""
+def test_profile_real_shared_data(tmp_path, monkeypatch, tiny_model_dir, shared_data_dir):
+    """Real NeMo-Gym rollouts + a tau2 airline run (long prompts), profiled: turns x K, then cached."""
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
     monkeypatch.delenv("PIVOT_CONFIG", raising=False)  # the project's ./pivot.yaml, not the shell's config
     monkeypatch.chdir(tmp_path)
@@ -98,7 +103,7 @@ def test_profile_real_shared_data(tmp_path, monkeypatch, embedded_model_dir, sha
         "warehouse: ./wh\ninputs:\n"
         f"  - path: {shared_data_dir}/nemo-gym/resources_servers/xlam_fc/data/example_rollouts.jsonl\n"
         f"  - path: {shared_data_dir}/tau2-bench/airline_run1.json\n"
-        f"policy: {{model: embedded, k: {K}, max_new_tokens: 8, limit_turns: 4, dtype: bfloat16}}\n"
+        f"policy: {{model: {tiny_model_dir}, k: {K}, max_new_tokens: 8, limit_turns: 4, dtype: bfloat16}}\n"
     )
     stages = "trajectories,turns,rollouts,rollout_rewards,turn_profiles"
     assert pivot(["run", "--select", stages]) == 0
@@ -112,7 +117,7 @@ def test_profile_real_shared_data(tmp_path, monkeypatch, embedded_model_dir, sha
 def test_truncated_rollouts_part_is_named_then_repaired_by_the_next_run(project, capsys):
     """A part cut short (an interrupted copy): `pivot check --parts` names it and exits 1; `pivot run` sets it aside
     and regenerates exactly its rows (per-sample seeds: the same completions); the check then exits 0."""
-    (project / "pivot.yaml").write_text(BASE.replace("batch_size: 4", "batch_size: 2"))  # several parts
+    (project / "pivot.yaml").write_text(base(project).replace("batch_size: 4", "batch_size: 2"))  # several parts
     stages = "trajectories,turns,rollouts,rollout_rewards,turn_profiles"
     assert pivot(["run", "--select", stages]) == 0
     query = f"select turn_id, sample_index, completion from read_parquet('{project}/wh/rollouts/part-*.parquet') order by all"
@@ -153,7 +158,7 @@ def test_prompts_past_max_prompt_tokens_are_listed_not_profiled(project, capsys)
     limit = sorted(lengths.values())[len(lengths) // 2]  # about half the turns fit
     too_long = {t for t, n in lengths.items() if n > limit}
     assert too_long and len(too_long) < TURNS
-    (project / "pivot.yaml").write_text(BASE.replace("limit_turns:", f"max_prompt_tokens: {limit}, limit_turns:"))
+    (project / "pivot.yaml").write_text(base(project).replace("limit_turns:", f"max_prompt_tokens: {limit}, limit_turns:"))
 
     assert pivot(["run", "--select", "rollouts,rollout_rewards,turn_profiles"]) == 0
     assert {k[0] for k in rollout_keys(project)} == set(wanted) - too_long

@@ -54,12 +54,13 @@ PROFILING = "rollouts,rollout_rewards,turn_profiles"
 
 
 def make_project(root: Path, ray_head, *, shards: int, limit_turns: int, batch_rows: int, max_new_tokens: int = 8,
-                 verifier: str = "tool_call", warehouse: str = "./wh") -> Path:
-    """A pivot.yaml: the embedded policy, K samples, `shards` shards on the Ray head, two shard runs at once."""
+                 verifier: str = "tool_call", warehouse: str = "./wh", model: str | Path = "embedded") -> Path:
+    """A pivot.yaml: `model` (the embedded policy, or the tiny test policy where only the plumbing is under test),
+    K samples, `shards` shards on the Ray head, two shard runs at once."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "pivot.yaml").write_text(f"""warehouse: {warehouse}
 sample: {{n_trajectories: 8, seed: 3}}
-policy: {{model: embedded, k: {K}, max_new_tokens: {max_new_tokens}, limit_turns: {limit_turns}, batch_size: 8}}
+policy: {{model: {model}, k: {K}, max_new_tokens: {max_new_tokens}, limit_turns: {limit_turns}, batch_size: 8}}
 verifier: {{default: {{name: {verifier}}}}}
 runtime: {{threads: 1}}
 scale: {{shards: {shards}, engine: ray, ray_address: "{ray_head.dashboard}", ray_batch_rows: {batch_rows}, max_shard_runs: 2}}

@@ -99,7 +99,7 @@ def test_two_runs_at_once_share_a_postgres_instance(tmp_path, postgres, s3_env, 
         assert got.equals(expected_turns(tmp_path, text)), name
 
 
-def test_two_shard_runs_at_once_share_a_postgres_instance(tmp_path, postgres, monkeypatch):
+def test_two_shard_runs_at_once_share_a_postgres_instance(tmp_path, postgres, monkeypatch, tiny_model_dir):
     """Two shard runs of one project at once (`pivot run --shard 000` and `--shard 001`) on the Postgres instance:
     both succeed, overlap in time, carry their partition, and each shard holds exactly its turns x K rollouts."""
     from tests.scale.conftest import assert_exactly_turns_x_k
@@ -111,7 +111,7 @@ def test_two_shard_runs_at_once_share_a_postgres_instance(tmp_path, postgres, mo
     env.pop("PIVOT_CONFIG", None)
     (tmp_path / "pivot.yaml").write_text(
         "warehouse: ./wh\nsample: {n_trajectories: 6, seed: 3}\nverifier: {default: {name: tool_call}}\n"
-        "policy: {model: embedded, k: 2, max_new_tokens: 8, limit_turns: 8, batch_size: 8}\n"
+        f"policy: {{model: {tiny_model_dir}, k: 2, max_new_tokens: 8, limit_turns: 8, batch_size: 8}}\n"
         "runtime: {threads: 1}\nscale: {shards: 2}\n")
     pivot = str(VENV_BIN / "pivot")
     subprocess.run([pivot, "run", "--select", "trajectories,turns"], cwd=tmp_path, env=env, check=True,

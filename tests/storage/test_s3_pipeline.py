@@ -31,9 +31,9 @@ PIVOTS = PROFILE + ",pivots_mixed,pivots_adv,pivots_cand,pivot_selection_log"
 ROLLOUT_KEY = ["turn_id", "policy_fp", "sampling_fp", "sample_index"]
 
 
-def config(warehouse: str, batch_size: int = 4, verifier: str = "") -> str:
+def config(warehouse: str, model: Path, batch_size: int = 4, verifier: str = "") -> str:
     return (f"warehouse: {warehouse}\nsample: {{n_trajectories: 3, seed: 3}}\n"
-            f"policy: {{model: embedded, k: {K}, max_new_tokens: 8, limit_turns: {TURNS}, batch_size: {batch_size}}}\n"
+            f"policy: {{model: {model}, k: {K}, max_new_tokens: 8, limit_turns: {TURNS}, batch_size: {batch_size}}}\n"
             + verifier)
 
 
@@ -88,9 +88,9 @@ def rollout_keys(wh: Warehouse) -> list[tuple]:
     return wh.read("rollouts", ROLLOUT_KEY).rows()
 
 
-def test_s3_warehouse_matches_local_and_reruns_from_cache(tmp_path, s3_env, embedded_model_dir):
-    local = Project(tmp_path / "local", config("./wh"))
-    remote = Project(tmp_path / "remote", config(s3_env))
+def test_s3_warehouse_matches_local_and_reruns_from_cache(tmp_path, s3_env, tiny_model_dir):
+    local = Project(tmp_path / "local", config("./wh", tiny_model_dir))
+    remote = Project(tmp_path / "remote", config(s3_env, tiny_model_dir))
     local_s = local.timed_run(PIVOTS)
     remote_s = remote.timed_run(PIVOTS)
     print(f"\nsmall run ({PIVOTS}): local {local_s:.1f} s, s3 {remote_s:.1f} s")
@@ -114,7 +114,7 @@ def test_s3_warehouse_matches_local_and_reruns_from_cache(tmp_path, s3_env, embe
     assert len(rollout_keys(rw)) == TURNS * K
 
     # a verifier change: stale from scoring down, re-scored from the cached completions, nothing generated
-    remote.write(config(s3_env, verifier="verifier: {default: {name: tool_call, text_threshold: 0.2}}\n"))
+    remote.write(config(s3_env, tiny_model_dir, verifier="verifier: {default: {name: tool_call, text_threshold: 0.2}}\n"))
     stale = {line.split()[0]: line.split()[1] for line in remote.pivot("stale").stdout.splitlines() if " " in line}
     assert stale.get("rollout_rewards") == "STALE" and "rollouts" not in stale
     ran = remote.pivot("run", "--stale").stdout
@@ -141,12 +141,12 @@ def test_s3_warehouse_matches_local_and_reruns_from_cache(tmp_path, s3_env, embe
     assert_no_credentials(remote.root, texts=remote.output)
 
 
-def test_kill_9_mid_rollouts_on_s3_then_resume(tmp_path, s3_env, embedded_model_dir):
-    project = Project(tmp_path / "p", config(s3_env))
+def test_kill_9_mid_rollouts_on_s3_then_resume(tmp_path, s3_env, tiny_model_dir):
+    project = Project(tmp_path / "p", config(s3_env, tiny_model_dir))
     project.pivot("run", "--select", "trajectories,turns")
     wh = project.warehouse
     # one turn per part (batch_size is a speed knob, not part of the policy identity): room to kill between parts
-    project.write(config(s3_env, batch_size=2))
+    project.write(config(s3_env, tiny_model_dir, batch_size=2))
     kill_run_after_first_part([str(VENV_BIN / "pivot"), "run", "--select", "rollouts"],
                               lambda: bool(wh.part_files("rollouts")), cwd=project.root, env=project.env)
     written = len(rollout_keys(wh))

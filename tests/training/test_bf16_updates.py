@@ -32,10 +32,10 @@ def _movement(before: dict, model_dir) -> tuple[float, float]:
 
 
 @pytest.fixture(scope="module")
-def initial(embedded_model_dir):
+def initial(tiny_model_dir):
     from pivot_assets.policies.models import load_model
 
-    model, _ = load_model(str(embedded_model_dir), dtype="float32")
+    model, _ = load_model(str(tiny_model_dir), dtype="float32")
     return {k: v.detach().clone().float() for k, v in model.state_dict().items()}
 
 
@@ -47,7 +47,7 @@ def _assert_same_movement(fp32: tuple[float, float], bf16: tuple[float, float]) 
 
 
 @pytest.mark.slow
-def test_grpo_in_bf16_moves_the_parameters_as_fp32_does(embedded_model_dir, initial, tmp_path):
+def test_grpo_in_bf16_moves_the_parameters_as_fp32_does(tiny_model_dir, initial, tmp_path):
     from datasets import Dataset
 
     from pivot_assets.training.grpo import run_grpo
@@ -61,7 +61,7 @@ def test_grpo_in_bf16_moves_the_parameters_as_fp32_does(embedded_model_dir, init
     options = TrainingSection(steps=2, num_generations=4, max_completion_length=8, learning_rate=LR, eval_fraction=0.0)
     moved = {}
     for precision in (FP32, BF16):
-        run = run_grpo(str(embedded_model_dir), data, verifiers, options, tmp_path / precision.dtype, cpu_smoke=True,
+        run = run_grpo(str(tiny_model_dir), data, verifiers, options, tmp_path / precision.dtype, cpu_smoke=True,
                        precision=precision, held_out=set())
         assert run.grpo_config["bf16"] is precision.bf16
         assert all(r["frac_reward_zero_std"] < 1 for r in run.steps)  # every step had a gradient
@@ -70,14 +70,14 @@ def test_grpo_in_bf16_moves_the_parameters_as_fp32_does(embedded_model_dir, init
 
 
 @pytest.mark.slow
-def test_sft_in_bf16_moves_the_parameters_as_fp32_does_and_bf16_storage_would_not(embedded_model_dir, initial,
+def test_sft_in_bf16_moves_the_parameters_as_fp32_does_and_bf16_storage_would_not(tiny_model_dir, initial,
                                                                                   tmp_path):
     import torch
 
     from pivot_assets.policies.models import load_model, load_tokenizer
     from pivot_assets.training.sft import _collate, build_sft_examples, train_sft
 
-    tokenizer = load_tokenizer(str(embedded_model_dir))
+    tokenizer = load_tokenizer(str(tiny_model_dir))
     trajectories = [{"trajectory_id": f"j{i}", "tools": [], "messages": [
         {"role": "user", "content": f"What is {i} plus {i}?"}, {"role": "assistant", "content": f"It is {2 * i}."}]}
         for i in range(4)]
@@ -85,12 +85,12 @@ def test_sft_in_bf16_moves_the_parameters_as_fp32_does_and_bf16_storage_would_no
     options = SFTSection(steps=2, learning_rate=LR, batch_size=2)
     moved = {}
     for precision in (FP32, BF16):
-        train_sft(str(embedded_model_dir), examples, options, tmp_path / precision.dtype, precision)
+        train_sft(str(tiny_model_dir), examples, options, tmp_path / precision.dtype, precision)
         moved[precision.dtype] = _movement(initial, tmp_path / precision.dtype)
     _assert_same_movement(moved["float32"], moved["bfloat16"])
 
     # the control: the same AdamW step on weights *stored* in bf16 loses nearly every update at this rate
-    model, _ = load_model(str(embedded_model_dir), dtype="bfloat16")
+    model, _ = load_model(str(tiny_model_dir), dtype="bfloat16")
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     batch = _collate(examples[:2], tokenizer.eos_token_id)

@@ -73,10 +73,10 @@ def test_unknown_kind_is_a_clear_error():
 
 
 @pytest.mark.slow
-def test_ood_accuracy_runs_greedy_and_reports_details(embedded_model_dir):
+def test_ood_accuracy_runs_greedy_and_reports_details(tiny_model_dir):
     items = [it for it in ood_probe_items() if it["kind"] == "fact"][:3]
     details: list = []
-    acc = ood_accuracy(str(embedded_model_dir), items, max_new_tokens=12, details=details)
+    acc = ood_accuracy(str(tiny_model_dir), items, max_new_tokens=12, details=details)
     assert 0.0 <= acc <= 1.0 and len(details) == 3
     assert acc == sum(d["correct"] for d in details) / 3
     assert all(d["correct"] == is_correct(d, d["completion"]) for d in details)
@@ -95,9 +95,9 @@ def _pivot(i: int, order_id: str) -> dict:
 
 
 @pytest.mark.slow
-def test_local_accuracy_on_two_pivots(embedded_model_dir):
+def test_local_accuracy_on_two_pivots(tiny_model_dir):
     pivots = [_pivot(0, "A1"), _pivot(1, "B2")]
-    out = local_accuracy(str(embedded_model_dir), pivots, DomainVerifiers(None), k=2, max_new_tokens=24, seed=0)
+    out = local_accuracy(str(tiny_model_dir), pivots, DomainVerifiers(None), k=2, max_new_tokens=24, seed=0)
     assert out["n_pivots"] == 2 and out["k"] == 2
     assert 0.0 <= out["local_accuracy"] <= 1.0
     assert [t["turn_id"] for t in out["per_turn"]] == ["turn-0", "turn-1"]
@@ -110,7 +110,7 @@ def test_local_accuracy_on_two_pivots(embedded_model_dir):
     from pivot_assets.policies.factory import EngineSlot
 
     with EngineSlot(PolicySection()) as slot:
-        kept = local_accuracy(str(embedded_model_dir), pivots, DomainVerifiers(None), k=2, max_new_tokens=24, seed=0,
+        kept = local_accuracy(str(tiny_model_dir), pivots, DomainVerifiers(None), k=2, max_new_tokens=24, seed=0,
                               engines=slot)
         assert slot.engine is not None and slot.starts == 1
     assert [t["rewards"] for t in kept["per_turn"]] == [t["rewards"] for t in out["per_turn"]]

@@ -103,12 +103,12 @@ def test_a_keyed_run_checkpoints_every_save_steps_and_a_plain_one_never():
     assert _grpo_config_kwargs(options, "/tmp/x", cpu_smoke=True, precision=FP32)["save_strategy"] == "no"
 
 
-def test_prompts_render_like_profiling_and_held_out_rows_are_removed(embedded_model_dir):
+def test_prompts_render_like_profiling_and_held_out_rows_are_removed(tiny_model_dir):
     from transformers import AutoTokenizer
 
     from pivot_assets.policies.models import TOOL_CHAT_TEMPLATE, render_prompt
 
-    tokenizer = AutoTokenizer.from_pretrained(str(embedded_model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     tokenizer.chat_template = TOOL_CHAT_TEMPLATE
     source = tiny_dataset()
     ds = _text_prompt_dataset(source, tokenizer, held_out={"traj-1"})
@@ -133,13 +133,13 @@ def test_template_and_canonical_tool_calls_normalize_alike():
 
 
 @pytest.mark.slow
-def test_two_step_grpo_run_rewards_come_from_the_verifier(embedded_model_dir, tmp_path):
+def test_two_step_grpo_run_rewards_come_from_the_verifier(tiny_model_dir, tmp_path):
     from pivot_assets.training.grpo import run_grpo
     from pivot_assets.policies.models import TOOL_CHAT_TEMPLATE, load_model
 
     verifiers = DomainVerifiers(VERIFIERS)
     options = TrainingSection(steps=2, num_generations=2, max_completion_length=16, eval_fraction=0.0)
-    result = run_grpo(str(embedded_model_dir), tiny_dataset(), verifiers, options, tmp_path / "grpo", cpu_smoke=True,
+    result = run_grpo(str(tiny_model_dir), tiny_dataset(), verifiers, options, tmp_path / "grpo", cpu_smoke=True,
                       precision=resolve_dtype("auto"))
 
     # checkpoint written: a normal HF dir with the tool template, loadable

@@ -59,13 +59,13 @@ def test_the_shipped_accelerate_configs_parse():
         assert load_config_from_file(str(path)).num_processes >= 1, path
 
 
-def _config(steps: int) -> str:
+def _config(steps: int, model_dir: Path) -> str:
     """The training-assets test's tiny config, launched on 2 processes, without its ablation: SFT and GRPO shortened."""
     import yaml
 
-    from .test_training_assets import CONFIG
+    from .test_training_assets import config
 
-    cfg = {k: v for k, v in yaml.safe_load(CONFIG).items() if k not in ("ablation", "runtime")}
+    cfg = {k: v for k, v in yaml.safe_load(config(model_dir)).items() if k not in ("ablation", "runtime")}
     cfg["sft"].update(steps=1, batch_size=1, max_length=512)
     cfg["policy"].update(max_new_tokens=8, dtype="auto")
     cfg["training"].update(steps=steps, max_completion_length=6, launcher="accelerate", num_processes=2, save_steps=1)
@@ -112,8 +112,8 @@ def _grpo_checkpoint(models: Path, run: subprocess.Popen, timeout: float = 900) 
 
 @pytest.mark.slow
 def test_sft_and_grpo_launched_on_two_processes_a_killed_launcher_resumes_and_a_rerun_is_cached(tmp_path,
-                                                                                                embedded_model_dir):
-    (tmp_path / "pivot.yaml").write_text(_config(steps=2))
+                                                                                                tiny_model_dir):
+    (tmp_path / "pivot.yaml").write_text(_config(steps=2, model_dir=tiny_model_dir))
     models = tmp_path / "wh" / "models"
     run = _pivot(tmp_path, "run", "--select", "*grpo_run", start_new_session=True)
     checkpoint = _grpo_checkpoint(models, run)  # sft_policy has trained (launched) by then
@@ -148,7 +148,7 @@ def test_sft_and_grpo_launched_on_two_processes_a_killed_launcher_resumes_and_a_
 
 
 @pytest.mark.slow
-def test_a_failing_rank_fails_the_asset_with_its_own_error_in_one_line(tmp_path, embedded_model_dir):
+def test_a_failing_rank_fails_the_asset_with_its_own_error_in_one_line(tmp_path):
     """Pipes alone would say "External execution process failed with code 1"; the asset says what the rank raised."""
     import dagster as dg
 

@@ -39,10 +39,10 @@ def shop_trajectory(order_id: str, status: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def tokenizer(embedded_model_dir):
+def tokenizer(tiny_model_dir):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(embedded_model_dir))
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     tok.chat_template = TOOL_CHAT_TEMPLATE
     return tok
 
@@ -111,13 +111,13 @@ def _mean_loss(model, examples) -> float:
 
 
 @pytest.mark.slow
-def test_two_steps_lower_loss_and_round_trip(embedded_model_dir, tokenizer, tmp_path):
+def test_two_steps_lower_loss_and_round_trip(tiny_model_dir, tokenizer, tmp_path):
     examples = build_sft_examples([shop_trajectory("E5", "shipped"), shop_trajectory("F6", "late")],
                                   tokenizer, max_length=512)
-    base, _ = load_model(str(embedded_model_dir))
+    base, _ = load_model(str(tiny_model_dir))
     before = _mean_loss(base, examples)
     seen = []
-    rows = train_sft(str(embedded_model_dir), examples, SFTSection(steps=2, batch_size=2), tmp_path / "sft", resolve_dtype("auto"),
+    rows = train_sft(str(tiny_model_dir), examples, SFTSection(steps=2, batch_size=2), tmp_path / "sft", resolve_dtype("auto"),
                      on_step=seen.append)
     assert [r["step"] for r in rows] == [1, 2] and seen == rows
     assert all(r["tokens"] > r["loss_tokens"] > 0 for r in rows)

@@ -28,16 +28,16 @@ LOSS_TOLERANCE = 2e-4
 
 
 @pytest.fixture(scope="module")
-def examples(embedded_model_dir):
-    tokenizer = load_tokenizer(str(embedded_model_dir))
+def examples(tiny_model_dir):
+    tokenizer = load_tokenizer(str(tiny_model_dir))
     return build_sft_examples([shop_trajectory("E5", "shipped"), shop_trajectory("F6", "late")], tokenizer, 256)
 
 
-def test_first_step_loss_is_the_assistant_only_loss_of_the_batch(embedded_model_dir, examples, tmp_path):
-    model, tokenizer = load_model(str(embedded_model_dir), dtype="float32")
+def test_first_step_loss_is_the_assistant_only_loss_of_the_batch(tiny_model_dir, examples, tmp_path):
+    model, tokenizer = load_model(str(tiny_model_dir), dtype="float32")
     with torch.no_grad():  # the reference: the model's mean CE over exactly the assistant tokens (labels != -100)
         reference = float(model(**_collate(examples, tokenizer.eos_token_id)).loss)
-    rows = train_sft(str(embedded_model_dir), examples, SFTSection(steps=1, batch_size=2), tmp_path / "sft", FP32,
+    rows = train_sft(str(tiny_model_dir), examples, SFTSection(steps=1, batch_size=2), tmp_path / "sft", FP32,
                      threads=1)
     assert len(rows) == 1 and rows[0]["loss_tokens"] == sum(sum(t != -100 for t in e["labels"]) for e in examples)
     assert abs(rows[0]["loss"] - reference) < LOSS_TOLERANCE, (rows[0]["loss"], reference)
@@ -47,7 +47,7 @@ class Killed(Exception):
     pass
 
 
-def test_a_killed_run_resumes_from_its_last_complete_checkpoint(embedded_model_dir, examples, tmp_path):
+def test_a_killed_run_resumes_from_its_last_complete_checkpoint(tiny_model_dir, examples, tmp_path):
     options = SFTSection(steps=4, batch_size=1, save_steps=2, learning_rate=1e-5, lr_scheduler="linear",
                          warmup_ratio=0.5)
     out = tmp_path / "sft"
@@ -59,14 +59,14 @@ def test_a_killed_run_resumes_from_its_last_complete_checkpoint(embedded_model_d
             raise Killed
 
     with pytest.raises(Killed):
-        train_sft(str(embedded_model_dir), examples, options, out, FP32, threads=1, on_step=kill_in_step_3)
+        train_sft(str(tiny_model_dir), examples, options, out, FP32, threads=1, on_step=kill_in_step_3)
     work_dirs = list(tmp_path.glob(".sft.trainer-*"))
     assert len(work_dirs) == 1 and not out.exists()
     checkpoint = last_complete_checkpoint(work_dirs[0])
     assert checkpoint and checkpoint.endswith("checkpoint-2")
     assert json.loads((work_dirs[0] / "checkpoint-2" / "trainer_state.json").read_text())["global_step"] == 2
 
-    rows = train_sft(str(embedded_model_dir), examples, options, out, FP32, threads=1)
+    rows = train_sft(str(tiny_model_dir), examples, options, out, FP32, threads=1)
     assert [r["step"] for r in rows] == [3, 4]  # only the steps after the checkpoint ran
     # the schedule resumes too: linear warm-up over steps 1-2, then linear decay
     assert before_kill[0]["lr"] < before_kill[1]["lr"] and rows[1]["lr"] < rows[0]["lr"]

@@ -17,7 +17,7 @@ from pivot_assets.cli import main as pivot
 CONFIG = """
 warehouse: ./wh
 sample: {n_trajectories: 12, seed: 3}
-sft: {steps: 2, batch_size: 2, max_length: 1024}
+sft: {model: MODEL, steps: 2, batch_size: 2, max_length: 1024}
 policy: {backend: transformers, model: sft, k: 2, max_new_tokens: 12, dtype: bfloat16, device: cpu}
 verifier:
   default: {name: string_similarity, graded: true, facts: ignore}
@@ -29,9 +29,14 @@ runtime: {workers: 1}   # the spies below see this process only; the workers' pa
 """
 
 
+def config(model_dir) -> str:
+    """CONFIG warming up from `model_dir` (the tiny test policy: the wiring, not the model, is under test)."""
+    return CONFIG.replace("MODEL", str(model_dir))
+
+
 @pytest.mark.slow
 def test_sft_grpo_eval_materialize_and_evaluation_uses_the_configured_engine(tmp_path, monkeypatch,
-                                                                             embedded_model_dir, capsys):
+                                                                             tiny_model_dir, capsys):
     import pivot_assets.policies.factory as factory
     import pivot_assets.policies.models as models
 
@@ -51,7 +56,7 @@ def test_sft_grpo_eval_materialize_and_evaluation_uses_the_configured_engine(tmp
     monkeypatch.setattr(models, "load_model", spy_load)
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "pivot.yaml").write_text(CONFIG)
+    (tmp_path / "pivot.yaml").write_text(config(tiny_model_dir))
 
     assert pivot(["run"]) == 0, capsys.readouterr().err
     out = capsys.readouterr()
@@ -105,7 +110,7 @@ def test_sft_grpo_eval_materialize_and_evaluation_uses_the_configured_engine(tmp
     assert same == 4
     assert (tmp_path / "wh" / "plots" / "ablation_results.png").is_file()
     # what really ran: the evaluation engines and the OOD probe's model loads used the configured engine
-    eval_engines = [e for e in engines if e[3] and ("grpo_policy" in e[3] or e[3] == "embedded")]
+    eval_engines = [e for e in engines if e[3] and ("grpo_policy" in e[3] or e[3] == str(tiny_model_dir))]
     assert eval_engines and {e[:3] for e in eval_engines} == {("transformers", "bfloat16", "cpu")}
     probe_loads = [ld for ld in loads if ld[1] == "bfloat16"]
     assert {ld[0].rsplit("/", 1)[-1] for ld in probe_loads} >= {"grpo_policy", "sft_policy"}
@@ -125,7 +130,7 @@ def test_sft_grpo_eval_materialize_and_evaluation_uses_the_configured_engine(tmp
     import shutil
 
     shutil.copytree(tmp_path / "wh", tmp_path / "moved" / "wh")
-    (tmp_path / "pivot.yaml").write_text(CONFIG.replace("warehouse: ./wh", "warehouse: ./moved/wh"))
+    (tmp_path / "pivot.yaml").write_text(config(tiny_model_dir).replace("warehouse: ./wh", "warehouse: ./moved/wh"))
     engines.clear()
     assert pivot(["run"]) == 0, capsys.readouterr().err
     capsys.readouterr()
@@ -138,13 +143,13 @@ def test_sft_grpo_eval_materialize_and_evaluation_uses_the_configured_engine(tmp
     assert fps and all(str(tmp_path) not in fp and fp.startswith("local|w:") for fp in fps), fps
     exported = (moved / "exports" / "pivots_adv.jsonl").read_text()
     assert str(tmp_path) not in exported
-    (tmp_path / "pivot.yaml").write_text(CONFIG)
+    (tmp_path / "pivot.yaml").write_text(config(tiny_model_dir))
 
     # Evaluation in 2 worker processes gives exactly the serial numbers (the same seeded draws per turn).
 
     serial = _eval_rows(tmp_path)
     shutil.rmtree(tmp_path / "wh" / "eval_cache")
-    (tmp_path / "pivot.yaml").write_text(CONFIG.replace("workers: 1", "workers: 2"))
+    (tmp_path / "pivot.yaml").write_text(config(tiny_model_dir).replace("workers: 1", "workers: 2"))
     assert pivot(["run", "--select", "pivot_eval"]) == 0, capsys.readouterr().err
     assert "2 at a time in worker processes" in capsys.readouterr().err
     assert _eval_rows(tmp_path) == serial
