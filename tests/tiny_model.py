@@ -3,7 +3,8 @@
 Two layers of width 32 with random weights, the embedded model's tokenizer and chat template: it loads in
 milliseconds, samples and trains like any Hugging Face causal LM (transformers, TRL, DDP ranks), and its random
 completions are scored like any other (a graded verifier still gives mixed turns). Built once per test run from
-a fixed seed, so its weights, and every identity computed from them, are the same in every run. This is what
+a fixed seed: its weights are the same in every run on one kind of CPU (torch's random init differs between its
+AVX2/AVX-512 and its plain kernels), so tests compare identities within a run, never against pinned values. This is what
 TRL's and transformers' own suites do with their tiny models; the embedded 135M model stays where a test is about
 the model (its conversion, a real generation, vLLM, the demo).
 """
