@@ -49,7 +49,7 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("messages", pa.list_(MESSAGE_TYPE)),
         ("tools", pa.string()),
         ("outcome_reward", pa.float64()),
-        ("conversation_id", pa.string()),  # source-conversation group key (rule: ingest/formats.py)
+        ("conversation_id", pa.string()),  # source-conversation group key (rule: ingest/formats/)
         # canonical JSON {kind, ...} of an executable source (environments/), null for the others
         ("environment", pa.string()),
     ]

@@ -19,7 +19,7 @@ HF (`to_hf_dataset`), one row per pivot:
   turn_id, trajectory_id, domain, message_index, action_kind, pivot_set, selection_rank and the profile
   stats (policy_fp, verifier_fp, k, reward_mean, reward_var, reward_std, n_pass, n_distinct_actions).
 
-  conversation_id  the trajectory's source-conversation key (ingest/formats.py), for splits grouped by conversation.
+  conversation_id  the trajectory's source-conversation key (ingest/formats/), for splits grouped by conversation.
   environment    the trajectory's executable environment (JSON text, null when it has none): what a verifier that
                  executes (executed_state) rebuilds the pivot's world from, e.g. as GRPO's reward.
   The dataset is built as Arrow, not from Python objects: `arguments` is written as JSON text into the Json

@@ -1,6 +1,6 @@
 """BFCL items -> OpenAI chat records (messages, tools, domain, conversation_id), Dagster-free.
 
-formats.py adapts the chat record like any other (the `bfcl` and `bfcl_multi_turn` formats); this module holds
+ingest/formats/ adapts the chat record like any other (the `bfcl` and `bfcl_multi_turn` formats); this module holds
 the BFCL rules:
   - the answer of an item is the record with its id in the possible-answer file: `possible_answer/<the data
     file's name>` beside the data file (compressed or not), or the input's `answers:` (a file, or a folder holding

@@ -1,8 +1,8 @@
 """The OpenAI-chat adapter as DuckDB SQL over a chunk of JSONL lines (Dagster-free).
 
-formats.py is the reference: every record goes through its Python adapters one at a time. This module is the
+ingest/formats/ is the reference: every record goes through its Python adapters one at a time. This module is the
 same adapter for the common case, vectorized: DuckDB parses the lines (from_json, C++), SQL applies the
-openai-format rules of formats.py with list lambdas (three statements per chunk, each reading the previous
+openai-format rules of ingest/formats/ with list lambdas (three statements per chunk, each reading the previous
 one's Arrow result), and a few Python functions run on whole columns (argument and tool canonicalization,
 sha256). It must give byte-identical rows, so it only *accepts* what it can prove plain:
 

@@ -5,7 +5,7 @@ assistant message as an action of core/shapes.py). The state is never copied per
 the `turn_state` / `turn_state_of` DuckDB macros (sql/turn_macros.sql) rebuild it from
 `trajectories.messages[:message_index]`, so storage grows linearly with trajectory length.
 
-Rules (the same in both paths; the ingest-side rules are in formats.py's docstring):
+Rules (the same in both paths; the ingest-side rules are in ingest/formats/' docstrings):
   - every assistant message is a turn, including consecutive and trailing ones;
   - turn_index = number of assistant messages before it in the trajectory (0-based);
   - action: tool calls win over text (schema.action_from_message): 1 call -> tool_call, >1 -> tool_call_batch,
