@@ -1,4 +1,4 @@
-"""The decisive comparison (issue 42): GRPO on D_adv against GRPO on D_cand at equal GRPO compute, run in resumable
+"""The decisive comparison: GRPO on D_adv against GRPO on D_cand at equal GRPO compute, run in resumable
 units, reported from the unit files alone. The design is written before the run by bench/decisive_design.py.
 
     .venv/bin/python bench/decisive.py --config configs/decisive_bfcl.yaml            # run (or resume) every unit

@@ -1,4 +1,4 @@
-"""The design of the decisive comparison (issue 42), written before the run: GRPO on D_adv against GRPO on D_cand at
+"""The design of the decisive comparison, written before the run: GRPO on D_adv against GRPO on D_cand at
 equal GRPO compute, BFCL single-turn, on this 2-core CPU.
 
     .venv/bin/python bench/decisive_design.py [--budget-min 180] [--target 0.03] [--write bench/RESULTS_decisive_bfcl.md]
@@ -63,7 +63,7 @@ INPUTS = {
     "par": (1.5, "bench/RESULTS_threads.md via docs/evaluation.md: two busy cores give 1.5-1.6x one core"),
     "adv_share_low": (0.26, "bench/RESULTS_ablation_bfcl.md: D_adv 10 of the 38-item pool (the lowest share seen)"),
     "adv_share_high": (0.36, f"{QUICK}: funnel, 79 adv of 220 profiled (the highest share seen)"),
-    "min_adv": (60, "issue 42: D_adv >= 60 turns in the pool"),
+    "min_adv": (60, "the design: D_adv >= 60 turns in the pool, enough steps for the reward to move"),
     "min_warmup": (190, "the quick run's warm-up size (~190 items), whose reference (0.188) is measured"),
 }
 BFCL = [ROOT / ".venv/lib/python3.11/site-packages/bfcl_eval/data/BFCL_v4_simple_python.json",
