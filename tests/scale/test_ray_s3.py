@@ -72,9 +72,9 @@ def assert_no_credentials_in_jobs(dashboard: str) -> list:
     return [j for j in jobs if not (j.metadata or {}).get("pivot_preflight")]
 
 
-def test_four_shards_through_ray_into_s3(tmp_path, s3_env, ray_head_s3, embedded_model_dir, in_project, capsys):
+def test_four_shards_through_ray_into_s3(tmp_path, s3_env, ray_head_s3, tiny_model_dir, in_project, capsys):
     root = in_project(make_project(tmp_path / "p", ray_head_s3, warehouse=s3_env, shards=SHARDS, limit_turns=LIMIT,
-                                   batch_rows=4))
+                                   batch_rows=4, model=tiny_model_dir))
     assert pivot(["run", "--select", f"{INGEST},{PROFILING},{PIVOT_SETS}"]) == 0
     wh = project_warehouse(root)
     assert wh.is_remote and not (wh.root / "rollouts").exists()  # the tables live on the store only

@@ -39,9 +39,10 @@ LIMIT = 14
 
 
 @pytest.fixture(scope="module")
-def profiled(tmp_path_factory, ray_head):
+def profiled(tmp_path_factory, ray_head, tiny_model_dir):
     """One warehouse profiled in 4 shards through Ray (module-scoped: the tests below build on it in order)."""
-    root = make_project(tmp_path_factory.mktemp("ray4"), ray_head, shards=SHARDS, limit_turns=LIMIT, batch_rows=4)
+    root = make_project(tmp_path_factory.mktemp("ray4"), ray_head, shards=SHARDS, limit_turns=LIMIT, batch_rows=4,
+                        model=tiny_model_dir)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DAGSTER_HOME", str(root / "dagster_home"))
         mp.chdir(root)
@@ -248,12 +249,13 @@ def test_kill_9_of_everything_mid_run_then_rerun_stops_the_orphaned_jobs(tmp_pat
 
 
 # -- a job that reports no data version fails its run --------------------------------------------------------------
-def test_a_job_reporting_no_data_version_fails_the_run(tmp_path, ray_head, in_project, monkeypatch):
+def test_a_job_reporting_no_data_version_fails_the_run(tmp_path, ray_head, in_project, monkeypatch, tiny_model_dir):
     from pivot_assets.pipeline import build_definitions
     from pivot_assets.profiling import assets as profiling_assets
     from pivot_assets.runner import run_assets
 
-    root = in_project(make_project(tmp_path / "silent", ray_head, shards=2, limit_turns=2, batch_rows=2))
+    root = in_project(make_project(tmp_path / "silent", ray_head, shards=2, limit_turns=2, batch_rows=2,
+                                   model=tiny_model_dir))
     script = root / "silent_job.py"
     script.write_text("from dagster_pipes import open_dagster_pipes\nwith open_dagster_pipes():\n    pass\n")
     monkeypatch.setattr(profiling_assets, "RAY_ENTRYPOINT", f"python {script}")  # a job that does nothing

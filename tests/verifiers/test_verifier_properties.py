@@ -148,3 +148,13 @@ def test_adversarial_candidates_score_zero(label, candidate):
             json.dumps(s._asdict())  # storable
             s.detail.encode("utf-8")  # valid UTF-8 for Parquet
     assert time.perf_counter() - t0 < 60  # generous: a hang, not a speed target
+
+
+def test_a_tag_inside_the_arguments_of_a_json_call_is_data():
+    """Found by test_reward_invariant_to_serialization: a bare JSON call whose argument holds the text
+    "<tool_call>" was read as an unclosed tag (TRUNCATED) while the same call in tags scored 1."""
+    call = {"name": "f", "arguments": {"q": "<tool_call>"}}
+    expected = {"type": "function_call", "name": "f", "arguments": json.dumps(call["arguments"])}
+    for v in VERIFIERS:
+        assert v.score(expected, json.dumps(call)).reward == 1.0, v.name
+        assert v.score(expected, "<tool_call>" + json.dumps(call) + "</tool_call>").reward == 1.0, v.name
