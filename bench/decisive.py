@@ -48,6 +48,16 @@ sys.path.insert(0, str(ROOT))
 REFERENCE = "reference"
 PREPARE_SELECTION = "*pivots_adv"  # ingest .. the pivot sets, with the warm-up the profiling policy needs
 RESULTS_MARK = "\n## Results"
+SWEEP_MARK = "\n## Learning-rate sweep"
+SWEEP = "sweep"  # decisive.learning_rate: sweep = the sweep's choice, computed from its unit files
+SWEEP_DEFAULTS = {
+    "learning_rates": [1.0e-5, 3.0e-5, 1.0e-4, 3.0e-4],  # GRPO learning rates tried, each one run of grpo_adv
+    "seed": 100,        # the sweep runs' seed and evaluation draw: apart from the run's seeds 0, 1, 2
+    "epochs": 0.4,      # passes over D_adv's pool per sweep run (the run itself makes ablation.epochs)
+    "items": 80,        # the sweep slice: pool turns outside D_adv (never the held-out items), this many
+    "eval_k": 4,        # samples per sweep-slice item
+    "tie": 0.02,        # accuracies within this of the best count as a tie: the smallest such rate is chosen
+}
 
 
 # -- config ------------------------------------------------------------------------------------------
@@ -63,7 +73,8 @@ def read_raw(config: Path) -> tuple[dict, dict]:
     section.setdefault("results", f"bench/RESULTS_{stem}.md")
     section.setdefault("curves", f"bench/RESULTS_{stem}_curves.png")
     section.setdefault("half_width", None)
-    if section["learning_rate"] is not None:
+    section["sweep"] = {**SWEEP_DEFAULTS, **(section.get("sweep") or {})}
+    if section["learning_rate"] not in (None, SWEEP):
         raw.setdefault("training", {})["learning_rate"] = float(section["learning_rate"])
     return raw, section
 
@@ -293,8 +304,12 @@ def run(config: Path, work: Path, data: Path, workers: int | None) -> dict:
     retrain = [u for u in retrain if read_marker(wh.model_dir(arm_dir(*u))) is None]
     jobs = missing_train + retrain
     if jobs and section["learning_rate"] is None:
-        raise SystemExit("decisive: decisive.learning_rate is null: choose it by the learning-rate sweep and set it "
-                         f"in {config} before phase (b) (phase (a) is done: {work})")
+        raise SystemExit("decisive: decisive.learning_rate is null: set a rate, or `sweep` to choose it by the "
+                         f"learning-rate sweep, in {config} before phase (b) (phase (a) is done: {work})")
+    if jobs and section["learning_rate"] == SWEEP:
+        lr = run_sweep(wh, cfg, section["sweep"], data, workers)["chosen"]
+        cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"learning_rate": lr})})
+        log(f"learning rate {lr:g}, the sweep's choice")
     if jobs:
         n = resolve_workers(cfg.runtime.workers, cfg.runtime.threads, len(jobs)) if workers is None else workers
         log(f"phase (b): {len(missing_train)} train unit(s) to compute, {len(retrain)} model(s) to retrain for "
@@ -330,6 +345,193 @@ def run(config: Path, work: Path, data: Path, workers: int | None) -> dict:
     print(f"decisive: computed {computed['train'] + computed['eval']} unit(s) (train {computed['train']}, eval "
           f"{computed['eval']}); {present} already present", flush=True)
     return computed
+
+
+# -- the learning-rate sweep (before phase (b); its own unit files) -----------------------------------
+def rate_tag(lr: float) -> str:
+    """A rate as a name part (model folders take [a-z0-9_]): 1e-05 -> 1em05, 0.001 -> 0p001."""
+    return f"{lr:g}".replace(".", "p").replace("-", "m").replace("+", "")
+
+
+def sweep_train_name(lr: float) -> str:
+    return f"sweep_train_lr_{rate_tag(lr)}.parquet"
+
+
+def sweep_eval_name(model: str) -> str:
+    return f"sweep_eval_{model}.parquet"
+
+
+def sweep_model(lr: float) -> str:
+    return f"sweep_lr_{rate_tag(lr)}"
+
+
+def sweep_slice(wh, cfg, seed: int, n: int) -> list[str]:
+    """The sweep's evaluation items: profiled pool turns outside D_adv's pool (the sweep trains on D_adv; the
+    held-out items are never touched), in a fixed hash order, the first n."""
+    import polars as pl
+
+    from pivot_assets.core.ids import short_hash
+    from pivot_assets.training.ablation import arm_pool, pool_trajectories
+
+    pool = pool_trajectories(wh, cfg)
+    adv = set(arm_pool(wh, cfg, "grpo_adv", seed, pool)["turn_id"].to_list())
+    turns = wh.read("turns", ["turn_id", "trajectory_id"]).filter(pl.col("trajectory_id").is_in(sorted(pool)))
+    profiled = set(wh.read("turn_profiles", ["turn_id"])["turn_id"].to_list())
+    ids = [t for t in turns["turn_id"].to_list() if t in profiled and t not in adv]
+    return sorted(ids, key=lambda t: short_hash(f"sweep:{seed}:{t}"))[:n]
+
+
+def _sweep_eval(wh, cfg, model_dir: str, rows: list[dict], sweep: dict, model: str, out: Path) -> float:
+    from pivot_assets.training.evaluation import evaluation_engine, local_accuracy
+    from pivot_assets.training.runs import eval_seed
+    from pivot_assets.verifiers import VerifierSets
+
+    engine, t0 = evaluation_engine(cfg), time.time()
+    result = local_accuracy(model_dir, rows, VerifierSets.from_config(cfg).profiling, k=int(sweep["eval_k"]),
+                            max_new_tokens=cfg.training.max_completion_length, seed=eval_seed(cfg, int(sweep["seed"])),
+                            temperature=engine.temperature, top_p=engine.top_p, policy=engine)
+    seconds = round(time.time() - t0, 1)
+    write_parquet_atomic([{"model": model, "turn_id": t["turn_id"], "sample": i, "reward": float(r),
+                           "seconds": seconds, "host": socket.gethostname()}
+                          for t in result["per_turn"] for i, r in enumerate(t["rewards"])], out)
+    return seconds
+
+
+def _sweep_unit_job(root: str, cfg, lr: float | None, sweep: dict, rows: list[dict], data: str) -> str:
+    """One sweep unit: grpo_adv at rate `lr` for sweep.epochs passes (its curve -> sweep_train_lr<lr>.parquet), then
+    its sweep-slice samples (-> sweep_eval_lr<lr>.parquet); lr None: the reference's samples only."""
+    from pivot_assets.core.hardware import configure_torch
+    from pivot_assets.core.warehouse import Warehouse
+    from pivot_assets.training.ablation import train_arm
+    from pivot_assets.training.runs import reference_model
+    from pivot_assets.verifiers import VerifierSets
+
+    configure_torch(cfg.runtime.threads)
+    wh, data = Warehouse(root), Path(data)
+    if lr is None:
+        _sweep_eval(wh, cfg, reference_model(wh, cfg), rows, sweep, REFERENCE, data / sweep_eval_name(REFERENCE))
+        return REFERENCE
+    cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"learning_rate": lr}),
+                                 "ablation": cfg.ablation.model_copy(update={"epochs": float(sweep["epochs"])})})
+    name, seed = sweep_model(lr), int(sweep["seed"])
+    train_out = data / sweep_train_name(lr)
+    run = train_arm(wh, cfg, "grpo_adv", seed, VerifierSets.from_config(cfg),
+                    lambda m: print(f"[sweep {lr:g}] {m}", file=sys.stderr, flush=True), model_name=name)
+    if not train_out.is_file():
+        steps = json.loads((wh.model_dir(name) / "ablation_steps.json").read_text())
+        write_parquet_atomic([{"step": int(r["step"]), "reward_mean": r.get("reward_mean"),
+                               "useful": (None if r.get("frac_reward_zero_std") is None
+                                          else 1.0 - r["frac_reward_zero_std"]),
+                               "loss": r.get("loss"), "seconds": r.get("seconds"), "learning_rate": lr, "seed": seed,
+                               "pool": run["pool"], "steps_total": run["steps"], "train_s": run["train_s"],
+                               "host": socket.gethostname()} for r in steps], train_out)
+    _sweep_eval(wh, cfg, str(wh.model_dir(name)), rows, sweep, name, data / sweep_eval_name(name))
+    return name
+
+
+def sweep_table(data: Path, sweep: dict) -> dict:
+    """Per rate: steps, training reward in the first and last third of the steps, useful share, sweep-slice accuracy
+    and its paired difference to the reference (mean of per-item differences, 1.96 standard errors); the choice by
+    the rule (the highest accuracy; within `tie` of it, the smallest rate). From the sweep unit files alone."""
+    import polars as pl
+
+    ref_path = data / sweep_eval_name(REFERENCE)
+    if not ref_path.is_file():
+        return {"rows": [], "chosen": None, "missing": True}
+    ref = pl.read_parquet(ref_path).group_by("turn_id").agg(pl.col("reward").mean().alias("ref"))
+    rows, missing = [], False
+    for lr in sorted(float(x) for x in sweep["learning_rates"]):
+        tp, ep = data / sweep_train_name(lr), data / sweep_eval_name(sweep_model(lr))
+        if not (tp.is_file() and ep.is_file()):
+            missing = True
+            continue
+        tr = pl.read_parquet(tp).sort("step")
+        third = max(1, tr.height // 3)
+        per_item = (pl.read_parquet(ep).group_by("turn_id").agg(pl.col("reward").mean().alias("acc"))
+                    .join(ref, on="turn_id"))
+        diff = (per_item["acc"] - per_item["ref"])
+        se = float(diff.std() or 0.0) / max(1, per_item.height) ** 0.5
+        rows.append({"learning_rate": lr, "steps": tr.height, "reward_first": tr["reward_mean"].head(third).mean(),
+                     "reward_last": tr["reward_mean"].tail(third).mean(), "useful": tr["useful"].mean(),
+                     "accuracy": float(per_item["acc"].mean()), "delta": float(diff.mean()), "delta_hw": 1.96 * se,
+                     "items": per_item.height, "train_s": float(tr["train_s"][0])})
+    chosen = choose_rate(rows, float(sweep["tie"])) if rows and not missing else None
+    return {"rows": rows, "chosen": chosen, "missing": missing, "reference": float(ref["ref"].mean())}
+
+
+def choose_rate(rows: list[dict], tie: float) -> float:
+    """The rule, fixed before the sweep ran: the highest sweep-slice accuracy; among rates within `tie` of it,
+    the smallest (the run trains longer than the sweep: the smaller step is the safer one)."""
+    best = max(r["accuracy"] for r in rows)
+    return min(r["learning_rate"] for r in rows if r["accuracy"] >= best - tie)
+
+
+def sweep_markdown(table: dict, sweep: dict) -> str:
+    n_items = table["rows"][0]["items"] if table["rows"] else None
+    lines = [SWEEP_MARK.strip(), "",
+             f"Before phase (b), on a slice apart from the held-out items: GRPO on D_adv (seed {sweep['seed']}, "
+             f"{sweep['epochs']} of a pass over D_adv's pool) at each rate, then {sweep['eval_k']} samples on each of "
+             f"{n_items or sweep['items']} profiled pool turns outside D_adv (evaluation draw {sweep['seed']}), "
+             "paired with the reference on the same draw. Rule, fixed before the sweep ran: the highest slice "
+             f"accuracy; among rates within {sweep['tie']} of it, the smallest. Both arms of the run use the choice.",
+             "", f"Reference on the slice: {table.get('reference', float('nan')):.3f}.", "",
+             "| learning rate | steps | train reward, first third | last third | useful share | slice accuracy | "
+             "Δ vs reference (±1.96 se) | train s |", "|---|---|---|---|---|---|---|---|"]
+    for r in table["rows"]:
+        lines.append(f"| {r['learning_rate']:g} | {r['steps']} | {r['reward_first']:.3f} | {r['reward_last']:.3f} | "
+                     f"{r['useful']:.2f} | {r['accuracy']:.3f} | {r['delta']:+.3f} ± {r['delta_hw']:.3f} | "
+                     f"{r['train_s']:.0f} |")
+    lines += ["", (f"**Chosen: {table['chosen']:g}.**" if table["chosen"] is not None
+                   else "**Not chosen yet: sweep units missing.**")]
+    return "\n".join(lines) + "\n"
+
+
+def write_sweep_section(out: Path, text: str) -> None:
+    """Put the sweep section between the design head and the results (both kept)."""
+    whole = out.read_text() if out.is_file() else ""
+    head, _, results = ("\n" + whole).partition(RESULTS_MARK)
+    head = head.split(SWEEP_MARK, 1)[0].strip("\n")
+    out.write_text(head + "\n\n" + text + ((RESULTS_MARK + results) if results else ""))
+
+
+def run_sweep(wh, cfg, sweep: dict, data: Path, workers: int | None) -> dict:
+    """Compute the missing sweep units (the reference's slice samples, one unit per rate), then the choice."""
+    from pivot_assets.core.parallel import resolve_workers
+    from pivot_assets.training.evaluation import turn_rows
+
+    data.mkdir(parents=True, exist_ok=True)
+    rates = [float(x) for x in sweep["learning_rates"]]
+    jobs = [None] if not (data / sweep_eval_name(REFERENCE)).is_file() else []
+    jobs += [lr for lr in rates if not (data / sweep_eval_name(sweep_model(lr))).is_file()]
+    if jobs:
+        ids = sweep_slice(wh, cfg, int(sweep["seed"]), int(sweep["items"]))
+        if not ids:
+            raise SystemExit("decisive: the sweep slice is empty (no profiled pool turn outside D_adv)")
+        rows = turn_rows(wh, ids)
+        n = resolve_workers(cfg.runtime.workers, cfg.runtime.threads, len(jobs)) if workers is None else workers
+        log(f"sweep: {len(jobs)} unit(s) ({len(rows)} slice items x {sweep['eval_k']}), {n} at a time")
+        order = [j for j in jobs if j is not None] + [j for j in jobs if j is None]  # the short unit last
+        run_jobs_as_done(_sweep_unit_job, [(str(wh.root), cfg, lr, sweep, rows, str(data)) for lr in order], n,
+                         lambda job, name: log(f"sweep: {name} done"))
+    table = sweep_table(data, sweep)
+    if table["chosen"] is None:
+        raise SystemExit("decisive: the sweep did not finish (a unit is missing)")
+    return table
+
+
+def sweep_phase(config: Path, work: Path, data: Path, workers: int | None, out: Path | None) -> dict:
+    """--sweep-only: phase (a) and the sweep, its section written to the results file; no training unit."""
+    raw, section = read_raw(config)
+    cfg_path = prepare(config, raw, work, data)
+    from pivot_assets.core.warehouse import Warehouse
+
+    cfg = load_cfg(cfg_path)
+    table = run_sweep(Warehouse(cfg.warehouse), cfg, section["sweep"], data, workers)
+    text = sweep_markdown(table, section["sweep"])
+    if out is not None:
+        write_sweep_section(out, text)
+    print(text)
+    return table
 
 
 # -- the report (unit files and the config only) ------------------------------------------------------
@@ -529,6 +731,8 @@ def report(config: Path, data: Path, out: Path | None, png: Path | None) -> str:
         lines.append(f"| (c) evaluation | {e.height} | {e['seconds'].sum():.0f} | {', '.join(sorted(set(e['host'])))} |")
     lines.append("")
     text = "\n".join(lines)
+    if out is not None and (data / sweep_eval_name(REFERENCE)).is_file():
+        write_sweep_section(out, sweep_markdown(sweep_table(data, section["sweep"]), section["sweep"]))
     if out is not None:
         head = out.read_text() if out.is_file() else ""
         head = ("\n" + head).split(RESULTS_MARK, 1)[0].strip("\n")
@@ -545,6 +749,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="results file (default: decisive.results)")
     ap.add_argument("--png", default=None, help="training curves plot (default: decisive.curves)")
     ap.add_argument("--workers", type=int, default=None, help="units at a time (default: runtime.workers)")
+    ap.add_argument("--sweep-only", action="store_true",
+                    help="stop after the learning-rate sweep (decisive.learning_rate: sweep) and write its section")
     args = ap.parse_args()
     config = Path(args.config).resolve()
     _, section = read_raw(config)
@@ -552,6 +758,9 @@ def main() -> None:
     work = Path(args.work) if args.work else Path(tempfile.gettempdir()) / f"decisive-{config.stem}"
     out = repo_path(args.out) if args.out else repo_path(section["results"])
     png = repo_path(args.png) if args.png else repo_path(section["curves"])
+    if args.sweep_only:
+        sweep_phase(config, work.resolve(), data, args.workers, out)
+        return
     if not args.report:
         run(config, work.resolve(), data, args.workers)
     print(report(config, data, out, png))

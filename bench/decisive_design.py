@@ -248,8 +248,11 @@ def render(d: dict, budget: float, target: float) -> str:
         f"The split counts are exact for the BFCL item ids (`core/split.py` on simple_python + live_simple; check: "
         f"0.45 / 0.483 gives {check['held_out']} / {check['warmup']} / {check['pool']}, the full run's 303 / 315 / 38); "
         "2 quarantined items make the real counts one or two lower.", "",
-        "Learning rate: **not chosen yet** (`training.learning_rate: null` in `configs/decisive_bfcl.yaml`): a short "
-        "sweep on a separate slice (not the held-out items) picks it before the run; both arms use it.", "",
+        "Learning rate: **chosen by a sweep before phase (b)** (`decisive.learning_rate: sweep` in "
+        "`configs/decisive_bfcl.yaml`): GRPO on D_adv at 1e-5, 3e-5, 1e-4 and 3e-4 for 0.4 of a pass, each scored on 80 "
+        "profiled pool turns outside D_adv (never the held-out items); the rule, fixed in the config before the sweep "
+        "ran: the highest slice accuracy, and among rates within 0.02 of it the smallest. Both arms use the choice; "
+        "the sweep's own section below gives its numbers.", "",
         "Evaluation: **sampled** (temperature 1.0, top_p 1.0, per-sample seeds shared by every model on a draw), "
         "as profiling samples: the question is whether the policy's *sampled* success rate on held-out turns moves "
         "(greedy decoding of a 135M model gives one answer per item, so eval_k > 1 would add nothing and a small "

@@ -110,8 +110,10 @@ def cand_overlap(wh: "Warehouse", cfg: "PivotConfig", seed: int, pool: set[str])
 
 # -- training --------------------------------------------------------------------------------------
 def train_arm(wh: "Warehouse", cfg: "PivotConfig", arm: str, seed: int, verifier_sets: "VerifierSets",
-              log: Callable[[str], None]) -> dict:
-    """Train one (arm, seed) unless its model with the same key is there. Returns a run row."""
+              log: Callable[[str], None], model_name: str | None = None) -> dict:
+    """Train one (arm, seed) unless its model with the same key is there. Returns a run row. `model_name`: the
+    folder under models/ (default arm_dir(arm, seed)); runs that differ only in a training option (a learning-rate
+    sweep) each need their own."""
     from pivot_assets.core.catalog import SET_TABLES
     from pivot_assets.core.hardware import resolve_dtype
     from pivot_assets.core.ids import canonical_json, short_hash
@@ -124,7 +126,7 @@ def train_arm(wh: "Warehouse", cfg: "PivotConfig", arm: str, seed: int, verifier
     pool = pool_trajectories(wh, cfg)
     pivots = arm_pool(wh, cfg, arm, seed, pool)
     turn_ids = pivots["turn_id"].to_list()
-    out = wh.model_dir(arm_dir(arm, seed))
+    out = wh.model_dir(model_name or arm_dir(arm, seed))
     key = arm_key(wh, cfg, arm, seed, verifiers.fingerprint if verifiers else None, turn_ids)
     if is_done(out, key) and (out / RUN_FILE).is_file():
         log(f"ablation {arm} seed {seed}: up to date ({key}), not retraining")

@@ -30,7 +30,10 @@ training: {set: adv, init: sft, num_generations: 2, max_completion_length: 8, ev
            warmup_fraction: 0.3, eval_k: 2, eval_max_turns: 6, bootstrap: 200}
 ablation: {arms: [grpo_adv, grpo_cand], seeds: [0], epochs: 1, primary: profiled}
 runtime: {workers: 1}
-decisive: {learning_rate: 1.0e-3, half_width: 0.5}
+decisive:
+  learning_rate: sweep
+  half_width: 0.5
+  sweep: {learning_rates: [1.0e-3, 1.0e-2], seed: 5, epochs: 0.5, items: 3, eval_k: 2, tie: 0.0}
 """
 UNITS = 2 + 3  # train: 2 arms x 1 seed; eval: (reference + 2 arms) x 1 draw
 COUNT = re.compile(r"decisive: computed (\d+) unit\(s\) \(train (\d+), eval (\d+)\); (\d+) already present")
@@ -56,7 +59,11 @@ def _results(text: str) -> str:
 
 
 def _units(data: Path) -> dict[str, int]:
-    return {p.name: p.stat().st_mtime_ns for p in data.glob("*.parquet")}
+    return {p.name: p.stat().st_mtime_ns for p in data.glob("*.parquet") if not p.name.startswith("sweep_")}
+
+
+def _sweep_units(data: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in data.glob("sweep_*.parquet")}
 
 
 @pytest.mark.slow
@@ -80,6 +87,18 @@ def test_runner_reports_from_units_alone_and_resumes_after_kill(tmp_path, tiny_m
     assert samples.height == samples["turn_id"].n_unique() * 2  # eval_k samples per held-out turn
     first = out.read_text()
     assert "grpo_adv − grpo_cand (profiled, primary" in first and "**Verdict:" in first
+    # the sweep ran first (a unit per rate and the reference's), its choice is the rate both arms trained at
+    assert set(_sweep_units(data)) == {"sweep_train_lr_0p001.parquet", "sweep_train_lr_0p01.parquet",
+                                       "sweep_eval_sweep_lr_0p001.parquet", "sweep_eval_sweep_lr_0p01.parquet",
+                                       "sweep_eval_reference.parquet"}
+    chosen = float(re.search(r"\*\*Chosen: ([0-9.e-]+)\.\*\*", first).group(1))
+    assert first.index("## Learning-rate sweep") < first.index("## Results")
+    rates = {r for a in ("grpo_adv", "grpo_cand")
+             for r in pl.read_parquet(data / f"train_{a}_s0.parquet")["learning_rate"].to_list()}
+    assert rates == {chosen}
+    sweep_eval = pl.read_parquet(data / "sweep_eval_reference.parquet")
+    held_out = set(samples["turn_id"].to_list())
+    assert sweep_eval["turn_id"].n_unique() <= 3 and not set(sweep_eval["turn_id"].to_list()) & held_out
     assert out.with_suffix(".png").stat().st_size > 0
 
     # 2. the report from the unit files alone: the warehouse gone, the same numbers
