@@ -1,10 +1,10 @@
-"""The same rollouts under two verifiers: BFCL multi-turn profiled once with `tool_call` (the call text), then
-re-scored with `executed_state` (what the calls do), with no generation in between.
+"""The same rollouts under two verifiers: BFCL multi-turn or tau2 airline profiled once with `tool_call` (the call
+text), then re-scored with `executed_state` (what the calls do), with no generation in between.
 
-    .venv/bin/python bench/bench_rescore.py [--limit-turns 64] [--k 8] [--sft-steps 48] [--backend vllm]
-                                            [--keep DIR] [--out bench/RESULTS_rescore.md] [--smoke]
+    .venv/bin/python bench/bench_rescore.py [--source bfcl_multi_turn|tau2_airline] [--limit-turns 64] [--k 8]
+                                            [--sft-steps 48] [--backend vllm] [--keep DIR] [--out FILE] [--smoke]
 
-From `configs/bfcl_multi_turn.yaml` (warehouse moved, the overrides above): `pivot run` through the pivot sets with
+From `configs/<source>.yaml` (warehouse moved, the overrides above): `pivot run` through the pivot sets with
 `verifier.default: tool_call`; then the config's verifier becomes `executed_state` and the same `pivot run` again,
 which re-scores the cached rollouts (the rollouts asset reports `turns_generated` 0: checked). Reported: the
 funnel under each verifier, the turns whose bucket moved, the samples whose verdict flipped by reason, and the
@@ -29,17 +29,21 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench_demo import timed_pivot_run  # noqa: E402
 
-SOURCE = ROOT / "configs" / "bfcl_multi_turn.yaml"
+SOURCES = {"bfcl_multi_turn": ("BFCL multi-turn", "bench/RESULTS_rescore.md"),
+           "tau2_airline": ("tau2 airline", "bench/RESULTS_rescore_tau2.md")}
 SELECT = ("trajectories,turns,sft_policy,rollouts,rollout_rewards,turn_profiles,"
           "pivots_mixed,pivots_adv,pivots_cand,pivot_selection_log")
 VERIFIERS = {"tool_call": {"name": "tool_call", "text_threshold": 0.5}, "executed_state": {"name": "executed_state"}}
 
 
 def write_config(work: Path, verifier: str, args) -> Path:
-    raw = yaml.safe_load(SOURCE.read_text())
+    source = ROOT / "configs" / f"{args.source}.yaml"
+    raw = yaml.safe_load(source.read_text())
     raw["warehouse"] = str(work / "warehouse")
     for spec in raw.get("inputs") or []:
-        spec["path"] = str((SOURCE.parent / spec["path"]).resolve())
+        for key in ("path", "tools"):
+            if spec.get(key):
+                spec[key] = str((source.parent / spec[key]).resolve())
     raw["policy"].update(backend=args.backend, k=args.k, limit_turns=args.limit_turns)
     if args.backend == "vllm":
         raw["policy"]["engine_args"] = {"kv_cache_memory_bytes": 2 << 30}
@@ -103,12 +107,14 @@ def report(a: dict, b: dict, args, out: Path) -> None:
     passed = {name: sum(1 for r, _ in s["verdicts"].values() if r > 0) for name, s in (("tool_call", a),
                                                                                          ("executed_state", b))}
     lines = [
-        "# The same BFCL multi-turn rollouts under `tool_call` and `executed_state` (bench/bench_rescore.py)", "",
+        f"# The same {SOURCES[args.source][0]} rollouts under `tool_call` and `executed_state` (bench/bench_rescore.py)",
+        "",
         f"Machine: {describe_cpu()}; {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; load average at the end "
         f"{[round(x, 2) for x in os.getloadavg()]}.",
-        f"Command: `.venv/bin/python bench/bench_rescore.py --limit-turns {args.limit_turns} --k {args.k} "
+        f"Command: `.venv/bin/python bench/bench_rescore.py --source {args.source} --limit-turns {args.limit_turns} "
+        f"--k {args.k} "
         f"--sft-steps {args.sft_steps} --backend {args.backend}`", "",
-        f"`configs/bfcl_multi_turn.yaml` (base, miss_func, miss_param) with the reference a {args.sft_steps}-step "
+        f"`configs/{args.source}.yaml` with the reference a {args.sft_steps}-step "
         f"SFT warm-up of SmolLM2-135M-Instruct, K={args.k}, the first {args.limit_turns} turns by turn_id, on the "
         f"`{args.backend}` engine. Run 1 profiles with `tool_call`; run 2 changes only the verifier to "
         "`executed_state` and re-scores: its rollouts asset generated samples for "
@@ -135,16 +141,18 @@ def report(a: dict, b: dict, args, out: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--source", choices=sorted(SOURCES), default="bfcl_multi_turn")
     ap.add_argument("--limit-turns", type=int, default=64)
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--sft-steps", type=int, default=48)
     ap.add_argument("--backend", default="vllm")
     ap.add_argument("--keep", default=None, help="work dir to keep; default: a temp dir")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "RESULTS_rescore.md"))
+    ap.add_argument("--out", default=None, help="default: bench/RESULTS_rescore.md (BFCL), _tau2.md (tau2)")
     ap.add_argument("--smoke", action="store_true", help="2 turns, K=2, 1 SFT step: checks the script")
     args = ap.parse_args()
     if args.smoke:
         args.limit_turns, args.k, args.sft_steps = 2, 2, 1
+    args.out = args.out or str(ROOT / SOURCES[args.source][1])
     work = Path(args.keep or tempfile.mkdtemp(prefix="bench_rescore_"))
     work.mkdir(parents=True, exist_ok=True)
     before = run(work, "tool_call", args)

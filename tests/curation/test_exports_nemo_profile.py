@@ -66,6 +66,8 @@ def check_like_gym_validator(row: dict) -> None:
     assert isinstance(params.get("parallel_tool_calls", False), bool)
     action = row["expected_action"]
     calls = {"function_call": [action], "function_call_batch": action.get("calls"), "message": []}[action["type"]]
+    if action["type"] == "function_call_batch":
+        assert len(calls) >= 2  # the validator refuses a batch of one: a model emits that as a plain call
     if action["type"] == "message":
         assert isinstance(action["content"], str)
     offered = {t["name"] for t in params["tools"]}
@@ -119,3 +121,23 @@ def test_profile_key_goes_with_nemo_gym_only(warehouse, tmp_path, capsys):
     code = main(["export", "--config", str(config), "--format", "hf", "--out", str(tmp_path / "hf"),
                  "--profile-key", "x_info"])
     assert code == 2 and "goes with --format nemo-gym" in capsys.readouterr().err
+
+
+def test_tau2_rows_carry_the_domains_tools_and_pass_the_validators_tool_name_check(shared_data_dir, tmp_path):
+    """The shared tau2 run stores no tool schemas; with the airline tools file (as configs/tau2_airline.yaml gives
+    it) every exported call, batches of calls included, names a tool its row offers."""
+    sample = shared_data_dir / "tau2-bench" / "airline_run1.json"
+    if not sample.is_file():
+        pytest.skip(f"tau2 sample absent: {sample}")
+    tools = Path(__file__).resolve().parents[2] / "configs" / "tools" / "tau2_airline.json"
+    wh = profiled_warehouse(tmp_path / "wh", [{"path": str(sample), "tools": str(tools)}])
+    code, path = export(wh, tmp_path, "mixed")
+    assert code == 0
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == wh.read("pivots_mixed").height > 0
+    for row in rows:
+        check_like_gym_validator(row)
+        assert len(row["responses_create_params"]["tools"]) == 14
+    assert {row["expected_action"]["type"] for row in rows} >= {"function_call", "message"}
+    batches = [a for a in map(json.loads, wh.read("turns")["expert_action"]) if a["type"] == "function_call_batch"]
+    assert batches and all(len(a["calls"]) >= 2 for a in batches)  # the run's parallel calls, in the batch shape
