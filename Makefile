@@ -65,7 +65,7 @@ test: setup
 	$(VENV)/bin/mkdocs build --strict -q
 
 ui: setup
-	env --default-signal=INT,TERM $(VENV)/bin/dagster dev -w workspace.yaml
+	$(VENV)/bin/pivot ui
 
 # The documentation site (mkdocs.yml, docs/) into site/.
 docs: setup

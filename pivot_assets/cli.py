@@ -270,6 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--profile-key", default=None,
                     help="nemo-gym: the name of each row's profile object {rewards, reward_mean, reward_std, "
                          "reward_var} (default qwen_235b_info, the key NeMo-RL's pivot data script filters on)")
+    sp = verb("ui", cmd_ui, "open the Dagster UI on this config's instance (the runs `pivot run --config` records)")
+    sp.add_argument("--host", default="127.0.0.1")
+    sp.add_argument("--port", type=int, default=3000)
     sp = sub.add_parser("config", help="print pivot.yaml's JSON Schema (--schema) or its Markdown reference (--reference)")
     sp.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sp.set_defaults(fn=cmd_config)
@@ -277,6 +280,49 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--schema", action="store_true", help="the JSON Schema (for editors: yaml-language-server)")
     which.add_argument("--reference", action="store_true", help="the Markdown reference (docs/configuration.md)")
     return p
+
+
+def ui_workspace(home: Path) -> Path:
+    """A Dagster workspace in the instance directory that loads `pipeline.definitions` (the config from
+    $PIVOT_CONFIG) under the code location `pivot run` labels its runs with."""
+    from pivot_jobs import CODE_LOCATION
+
+    path = home / "workspace.yaml"
+    path.write_text("load_from:\n  - python_module:\n      module_name: pivot_assets.pipeline\n"
+                    f"      attribute: definitions\n      location_name: {CODE_LOCATION}\n"
+                    f"      working_directory: {json.dumps(str(Path.cwd()))}\n")
+    return path
+
+
+def cmd_ui(args) -> int:
+    """`dagster dev` on the instance `pivot run --config X` records to, with X's definitions."""
+    import shutil
+    import subprocess
+
+    from pivot_assets.core.config import resolve_config_path
+    from pivot_assets.runner import ensure_dagster_home
+
+    cfg = _config(args)  # a bad config is one line here, not a stack trace in the webserver
+    home = ensure_dagster_home(Path(cfg.base_dir))
+    path = resolve_config_path(args.config)
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    if path is not None:
+        env["PIVOT_CONFIG"] = str(Path(path).resolve())
+    dagster = shutil.which("dagster", path=str(Path(sys.executable).parent)) or shutil.which("dagster")
+    if dagster is None:
+        raise RuntimeError("the dagster command is not installed in this environment (`make setup` installs it)")
+    print(f"pivot ui: instance {home}, config {env.get('PIVOT_CONFIG', 'built-in defaults')}, "
+          f"http://{args.host}:{args.port}", file=sys.stderr)
+    command = [dagster, "dev", "-w", str(ui_workspace(home)), "-h", args.host, "-p", str(args.port)]
+    # a shell that started this in the background ignores SIGINT; dagster dev shuts down on it
+    return subprocess.call(command, env=env, preexec_fn=_default_signals)
+
+
+def _default_signals() -> None:
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def _after_kill(argv: list[str], run_id: str) -> None:

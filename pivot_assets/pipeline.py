@@ -46,6 +46,12 @@ def build_definitions(config: str | os.PathLike | PivotConfig | None = None) -> 
                           executor=dg.in_process_executor)
 
 
+def definitions() -> dg.Definitions:
+    """The definitions of $PIVOT_CONFIG (else ./pivot.yaml): what a workspace's `python_module` entry loads (Dagster
+    calls an attribute that is a function with no parameters; `pivot ui` writes such a workspace)."""
+    return build_definitions()
+
+
 def resolve_shared(cfg: PivotConfig) -> tuple[Warehouse, VerifierSets]:
     """What every stage's build_assets takes beside the config: the warehouse and the verifier sets."""
     return Warehouse(cfg.warehouse_dir), VerifierSets.from_config(cfg)

@@ -71,3 +71,56 @@ def test_run_launched_through_the_webserver(tmp_path):
         assert con.sql("select count(*) from trajectories").fetchone()[0] == 4
         assert con.sql("select count(*) from turns").fetchone()[0] > 4
         con.close()
+
+
+def test_pivot_ui_shows_the_runs_of_pivot_run_with_the_same_config(tmp_path):
+    """A config outside the repo keeps its own instance (<its folder>/.dagster_home); `pivot ui --config` opens
+    the webserver on that instance and that config's definitions, so the run `pivot run --config` made is there."""
+    from dagster_graphql import DagsterGraphQLClient
+
+    project = tmp_path / "project"
+    project.mkdir()
+    config = project / "my.yaml"
+    config.write_text("warehouse: ./wh\nsample: {n_trajectories: 3, seed: 2}\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "PIVOT_CONFIG")}
+    env["HF_HUB_OFFLINE"] = "1"
+    pivot = str(VENV_BIN / "pivot")
+    run = subprocess.run([pivot, "run", "--config", str(config), "--select", "trajectories"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert (project / ".dagster_home").is_dir()
+    port = free_port()
+    proc = subprocess.Popen([pivot, "ui", "--config", str(config), "--port", str(port)], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    query = "{ runsOrError { ... on Runs { results { runId jobName status } } } }"
+    try:
+        deadline, runs = time.time() + 180, None
+        while time.time() < deadline:
+            try:
+                client = DagsterGraphQLClient("127.0.0.1", port_number=port, timeout=30)
+                runs = client._execute(query)["runsOrError"]["results"]
+                repos = client._execute("{ repositoriesOrError { ... on RepositoryConnection { nodes { name "
+                                        "location { name } jobs { name } } } } }")
+                break
+            except Exception:  # not listening yet
+                time.sleep(2)
+        assert runs is not None, "pivot ui did not answer within 180 s"
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert [(r["jobName"], r["status"]) for r in runs] == [("pivot_pipeline", "SUCCESS")]
+    nodes = repos["repositoriesOrError"]["nodes"]
+    assert nodes and nodes[0]["location"]["name"] == "pivot_curation"
+    assert "pivot_pipeline" in {j["name"] for j in nodes[0]["jobs"]}
+
+
+def test_pivot_ui_with_a_bad_config_is_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("policy: {k: -1}\n")
+    proc = subprocess.run([str(VENV_BIN / "pivot"), "ui", "--config", str(bad)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith("config error:")
