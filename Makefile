@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM := false
 # Material for MkDocs prints a multi-line notice on every build without it.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup setup-vllm demo test ui docs config-reference bench clean
+.PHONY: setup setup-vllm setup-gpu demo test ui docs config-reference bench clean
 
 setup: $(VENV)/.installed
 
@@ -46,6 +46,14 @@ $(VENV)/.vllm-installed: $(VENV)/.installed
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	$(PY) -c "import vllm, transformers; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
 	touch $@
+
+# One CUDA GPU: vLLM's CUDA build and the torch it pins (PyPI's torch 2.13.0, a CUDA build) before `make setup`
+# (which then finds torch==2.13.0 installed and keeps it). The pins and why: pyproject.toml's [gpu] extra.
+setup-gpu:
+	test -d $(VENV) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[gpu]'
+	$(MAKE) setup
 
 demo: setup
 	$(VENV)/bin/pivot run
