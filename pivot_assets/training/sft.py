@@ -534,8 +534,8 @@ def train_sft_policy(wh: "Warehouse", cfg: "PivotConfig", log: Callable[[str], N
     examples = build_examples(trajectories, tokenizer, cfg.sft.max_length, cfg.sft.examples, rejections)
     if not examples:
         raise ValueError(no_examples_reason(rejections, cfg.sft.max_length))
-    for key, why in rejections[:5]:
-        log(f"sft_policy: not trained on {key}: {why}")
+    for example_id, why in rejections[:5]:  # not `key`: that name holds the model's key, written below
+        log(f"sft_policy: not trained on {example_id}: {why}")
     n_turns = sum(1 for e in examples if "truncated" in e)
     log(f"sft_policy: {len(trajectories)} warm-up trajectories ({len(held_out)} held out"
         f"{'' if split.warmup_fraction else ', no separate warm-up split'}), "
@@ -581,8 +581,8 @@ def train_same_data_sft(model: str, turns: list[dict], options: "SFTSection", ou
     tokenizer = load_tokenizer(model, fmt)
     rejections: list = []
     examples = build_turn_examples(turns, tokenizer, options.max_length, rejections)
-    for key, why in rejections[:5]:
-        log(f"same-data SFT: not trained on {key}: {why}")
+    for example_id, why in rejections[:5]:
+        log(f"same-data SFT: not trained on {example_id}: {why}")
     if not examples:
         raise ValueError(no_examples_reason(rejections, options.max_length))
     if epochs is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -192,3 +193,29 @@ def test_auto_examples_keep_short_trajectories_whole_and_split_long_ones(tokeniz
     rejections: list = []  # whole-trajectory mode: the long one has no assistant token within max_length
     assert len(build_examples([short, long], tokenizer, 512, "trajectory", rejections)) == 1
     assert rejections == [("t-K2", "no assistant token within max_length=512")]
+
+
+def test_a_warm_up_that_skips_an_example_is_up_to_date_on_the_next_run(tmp_path, tiny_model_dir):
+    """The model's key is what the marker holds, also when some example did not fit (a loop over the skipped
+    examples once overwrote it with the last example's id, so every run retrained)."""
+    from pivot_assets.core.config import load_config
+    from pivot_assets.core.warehouse import Warehouse
+    from pivot_assets.ingest.inputs import write_ingest
+    from pivot_assets.training.runs import is_done
+    from pivot_assets.training.sft import sft_run_status, train_sft_policy
+
+    records = [{"messages": shop_trajectory(f"A{i}", "shipped")["messages"], "tools": TOOLS} for i in range(5)]
+    records[0]["messages"][4]["content"] = "Order A0 " + "is very late " * 300  # longer than max_length: skipped
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "pivot.yaml").write_text(
+        f"warehouse: ./wh\ninputs: [{{path: data.jsonl}}]\npolicy: {{model: sft, dtype: float32}}\n"
+        f"sft: {{model: {tiny_model_dir}, steps: 1, batch_size: 1, max_length: 256, examples: turn, dtype: float32}}\n"
+        "training: {eval_fraction: 0.2}\n")
+    cfg = load_config(tmp_path / "pivot.yaml")
+    wh = Warehouse(cfg.warehouse_dir)
+    write_ingest(wh, [{"path": str(tmp_path / "data.jsonl")}])
+    first = train_sft_policy(wh, cfg, lambda line: None)
+    assert not first["skipped"] and first["not_trained_on"] >= 1
+    assert is_done(Path(first["model_dir"]), first["key"])
+    assert sft_run_status(wh, cfg)["skipped"]
+    assert train_sft_policy(wh, cfg, lambda line: None)["skipped"]
