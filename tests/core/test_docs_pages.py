@@ -33,3 +33,19 @@ def test_every_docs_page_is_in_the_nav():
 
     listed = set(pages(nav))
     assert {p.name for p in (REPO / "docs").glob("*.md")} <= listed
+
+
+def test_config_comments_point_at_pages_and_files_that_exist():
+    """Every path a shipped config's comment names (docs pages, results files, other configs) exists, and no
+    comment sends the reader to a README section (the README is a short landing page)."""
+    configs = [REPO / "pivot.yaml", *sorted((REPO / "configs").rglob("*.yaml")), *sorted((REPO / "bench" / "configs").rglob("*.yaml"))]
+    missing, readme_sections = [], []
+    for path in configs:
+        for line in path.read_text().splitlines():
+            comment = line.split("#", 1)[1] if "#" in line else ""
+            for target in re.findall(r"\b((?:docs|bench|configs)/[\w./-]+\.(?:md|yaml|json|py))", comment):
+                if not (REPO / target).exists():
+                    missing.append(f"{path.relative_to(REPO)}: {target}")
+            if re.search(r"\bREADME\b(?!\.md)", comment):
+                readme_sections.append(f"{path.relative_to(REPO)}: {comment.strip()}")
+    assert missing == [] and readme_sections == []
