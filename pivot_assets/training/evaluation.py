@@ -194,11 +194,6 @@ def turn_rows(wh: "Warehouse", turn_ids: Iterable[str]) -> list[dict]:
     return out
 
 
-def held_out_pivots(wh: "Warehouse", cfg: "PivotConfig") -> list[dict]:
-    """Held-out turns of D_adv under the reference policy (the `adv` evaluation set), as local_accuracy rows."""
-    return turn_rows(wh, evaluation_sets(wh, cfg)["adv"])
-
-
 # -- intervals: the hierarchical bootstrap -----------------------------------------------------------
 @dataclass(frozen=True)
 class Resamples:
