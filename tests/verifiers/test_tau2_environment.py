@@ -152,3 +152,35 @@ def test_the_airline_run_is_ingested_with_its_environment_and_its_expert_calls_r
     assert all(verdicts[(t, 0)] == (1.0, Reason.OK) for t, _, _ in calls)
     assert all(verdicts[(t, 1)] == (0.0, Reason.SPOKE_INSTEAD_OF_CALL) for t, _, _ in calls)
     assert sorted(map(str, wh.part_files("rollouts"))) == before  # nothing generated or rewritten
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not AIRLINE_RUN.is_file(), reason=f"the shared tau2 run is not at {AIRLINE_RUN}")
+def test_pivot_run_profiles_tau2_with_executed_state_and_a_verifier_change_regenerates_nothing(tmp_path, monkeypatch,
+                                                                                                tiny_model_dir):
+    from pivot_assets.cli import main as pivot
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    monkeypatch.chdir(tmp_path)
+    select = ("trajectories,turns,rollouts,rollout_rewards,turn_profiles,pivots_mixed,pivots_adv,pivots_cand,"
+              "pivot_selection_log")
+
+    def config(verifier: str) -> None:
+        (tmp_path / "pivot.yaml").write_text(json.dumps({
+            "warehouse": "./wh", "inputs": [{"path": str(AIRLINE_RUN), "tools": str(AIRLINE_TOOLS)}],
+            "policy": {"model": str(tiny_model_dir), "k": 2, "max_new_tokens": 8, "limit_turns": 3, "batch_size": 6,
+                       "dtype": "float32"},
+            "verifier": {"default": {"name": verifier}}}))
+
+    config("tool_call")
+    assert pivot(["run", "--select", select]) == 0
+    wh = Warehouse(tmp_path / "wh")
+    rollouts = sorted(map(str, wh.part_files("rollouts")))
+    config("executed_state")
+    assert pivot(["run", "--select", select]) == 0
+    assert sorted(map(str, wh.part_files("rollouts"))) == rollouts  # re-scored, nothing generated
+    fps = duckdb.sql(f"select count(distinct verifier_fp), count(*) from read_parquet('{wh.source_glob('rollout_rewards')}')"
+                     ).fetchone()
+    assert fps == (2, 12)  # 3 turns x K=2, under each verifier
+    profiled = duckdb.sql(f"select count(*) from read_parquet('{wh.table_path('turn_profiles')}')").fetchone()[0]
+    assert profiled == 3 and wh.exists("pivots_adv")
