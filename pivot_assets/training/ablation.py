@@ -175,6 +175,7 @@ def train_arm(wh: "Warehouse", cfg: "PivotConfig", arm: str, seed: int, verifier
         run = run_grpo(init, dataset, verifiers, options, out, cpu_smoke=False,
                        precision=resolve_dtype(cfg.training.dtype, device), threads=cfg.runtime.threads,
                        held_out=not_in_pool(wh, cfg), device=device, fmt=fmt, full_passes=True,
+                       run_key=key, log_line=log,  # checkpoints every training.save_steps: a killed arm resumes
                        on_step=lambda r: progress.update(1, f"reward {r.get('reward_mean') or 0:.3f}"))
         trained = run.turns_trained
         zero = [r["frac_reward_zero_std"] for r in run.steps if r.get("frac_reward_zero_std") is not None]
