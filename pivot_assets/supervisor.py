@@ -33,6 +33,11 @@ def is_supervised() -> bool:
 
 
 def raise_interrupt(signum, frame):
+    # The stop may land inside SQLAlchemy's pool closing a connection, which logs the interrupt with its traceback
+    # before re-raising it: once stopping, the pool's own error lines are noise (one "interrupted" line says it).
+    import logging
+
+    logging.getLogger("sqlalchemy.pool").setLevel(logging.CRITICAL)
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
