@@ -51,10 +51,13 @@ echo "== pivot-curation GPU check: mode $MODE, $PROCS training process(es), mode
 start=$(date +%s)
 "$PIVOT" run --config "$WORK/pivot.yaml"
 echo "== $(( $(date +%s) - start )) s in all"
-"$PY" - "$MODE" <<'PY'
+"$PY" - "$MODE" "$ROOT" <<'PY'
 import platform, sys
 import torch
 import dagster as dg
+
+sys.path.insert(0, sys.argv[2])
+from bench.bench_demo import step_seconds  # noqa: E402
 
 mode = sys.argv[1]
 if torch.cuda.is_available():
@@ -70,18 +73,8 @@ except ImportError:
 where = {"rollouts": "vLLM on cuda" if mode == "cuda" else "transformers on cpu",
          "grpo_run": "accelerate launch, TRL GRPO" + (" with vLLM colocated" if mode == "cuda" else " on cpu"),
          "pivot_eval": "transformers on " + mode}
-instance = dg.DagsterInstance.get()
-run = instance.get_runs(limit=1)[0]
-starts, seconds = {}, {}
-for record in instance.all_logs(run.run_id):
-    event = record.dagster_event
-    if event is None:
-        continue
-    if event.event_type_value == "STEP_START":
-        starts[event.step_key] = record.timestamp
-    elif event.event_type_value == "STEP_SUCCESS" and event.step_key in starts:
-        seconds[event.step_key] = record.timestamp - starts[event.step_key]
+run = dg.DagsterInstance.get().get_runs(limit=1)[0]
 print(f"run {run.run_id}: {run.status.value}")
-for step, s in sorted(seconds.items(), key=lambda kv: -kv[1]):
+for step, s in sorted(step_seconds().items(), key=lambda kv: -kv[1]):
     print(f"  {step:<22} {s:8.1f} s   {where.get(step, '')}")
 PY

@@ -359,8 +359,8 @@ class SFTSection(_Strict):
         "cut from the left to fit, + its expert action), or `auto` (the whole trajectory when it fits in "
         "max_length, else one example per turn)."))
     lr_scheduler: Annotated[str, In(SFT)] = Field("constant", description=(
-        "The learning-rate schedule (a transformers SchedulerType: constant, linear, cosine, ...); constant keeps "
-        "the rate of the plain AdamW loop SFT used to be."))
+        "The learning-rate schedule (a transformers SchedulerType: constant, linear, cosine, ...); constant: "
+        "the same rate at every step."))
     warmup_ratio: Annotated[float, In(SFT)] = Field(0.0, ge=0.0, lt=1.0, description=(
         "Share of the steps the learning rate warms up over, linearly from 0."))
     gradient_accumulation_steps: Annotated[int, In(SFT)] = Field(1, ge=1, description=(

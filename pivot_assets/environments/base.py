@@ -23,6 +23,29 @@ class CallFailed(ValueError):
         self.category, self.detail = category, detail
 
 
+@lru_cache(maxsize=256)
+def _signature(cls: type, name: str):
+    import inspect
+
+    return inspect.signature(getattr(cls, name))
+
+
+def bind_method(cls: type, name: str, args: Sequence = (), kwargs: dict | None = None) -> dict:
+    """A call's arguments by name, bound to method `name` of `cls` as Python would bind them (self left out), or
+    CallFailed missing_argument / extra_argument / bad_arguments."""
+    signature = _signature(cls, name)
+    try:
+        bound = signature.bind(None, *args, **(kwargs or {}))  # None stands for self
+    except TypeError as exc:
+        message = str(exc)
+        category = ("missing_argument" if "missing" in message else
+                    "extra_argument" if "unexpected" in message or "too many" in message else "bad_arguments")
+        raise CallFailed(category, f"{name}: {message}") from None
+    named = dict(bound.arguments)
+    named.pop(next(iter(signature.parameters)), None)  # self
+    return named
+
+
 class Outcome(NamedTuple):
     """What one executed call gave: its result text (what the model is shown) and, when the call reported an
     error instead of raising (BFCL: a dict with an "error" key), that error."""

@@ -19,7 +19,7 @@ import json
 from functools import lru_cache
 from typing import Any, Sequence
 
-from .base import CallFailed, Environment, Outcome, register
+from .base import CallFailed, Environment, Outcome, bind_method, register
 
 KIND = "bfcl_multi_turn"
 
@@ -68,11 +68,6 @@ def result_text(value: Any) -> str:
         except (TypeError, ValueError):
             return str(value)
     return str(value)
-
-
-@lru_cache(maxsize=64)
-def _signature(cls: type, name: str) -> inspect.Signature:
-    return inspect.signature(getattr(cls, name))
 
 
 class World:
@@ -126,17 +121,7 @@ class BFCLMultiTurn(Environment):
         class_name = world.owner.get(name)
         if class_name is None:
             raise CallFailed("unknown_tool", f"{name!r} is no method of the involved classes")
-        signature = _signature(type(world.instances[class_name]), name)
-        try:
-            bound = signature.bind(None, *args, **(kwargs or {}))  # None stands for self
-        except TypeError as exc:
-            message = str(exc)
-            category = ("missing_argument" if "missing" in message else
-                        "extra_argument" if "unexpected" in message or "too many" in message else "bad_arguments")
-            raise CallFailed(category, f"{name}: {message}") from None
-        named = dict(bound.arguments)
-        named.pop(next(iter(signature.parameters)), None)  # self
-        return named
+        return bind_method(type(world.instances[class_name]), name, args, kwargs)
 
     def execute(self, world: World, name: str, arguments: dict) -> Outcome:
         named = self.bind(world, name, (), arguments)

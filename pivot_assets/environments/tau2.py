@@ -25,11 +25,10 @@ from __future__ import annotations
 
 import copy
 import importlib
-import inspect
 from functools import lru_cache
 from typing import Any, Sequence
 
-from .base import CallFailed, Environment, Outcome, register
+from .base import CallFailed, Environment, Outcome, bind_method, register
 
 KIND = "tau2"
 DOMAINS = ("airline", "retail")
@@ -104,11 +103,6 @@ def _clone(world: World) -> None:
     world.env, world.owned = twin, True
 
 
-@lru_cache(maxsize=256)
-def _signature(cls: type, name: str) -> inspect.Signature:
-    return inspect.signature(getattr(cls, name))
-
-
 @register
 class Tau2(Environment):
     """tau2-bench's airline and retail domains (module docstring)."""
@@ -140,17 +134,7 @@ class Tau2(Environment):
         tools = world.env.tools
         if not isinstance(name, str) or not tools.has_tool(name):
             raise CallFailed("unknown_tool", f"{name!r} is no tool of tau2's {world.domain} domain")
-        signature = _signature(type(tools), name)
-        try:
-            bound = signature.bind(None, *args, **(kwargs or {}))  # None stands for self
-        except TypeError as exc:
-            message = str(exc)
-            category = ("missing_argument" if "missing" in message else
-                        "extra_argument" if "unexpected" in message or "too many" in message else "bad_arguments")
-            raise CallFailed(category, f"{name}: {message}") from None
-        named = dict(bound.arguments)
-        named.pop(next(iter(signature.parameters)), None)  # self
-        return named
+        return bind_method(type(tools), name, args, kwargs)
 
     def execute(self, world: World, name: str, arguments: dict) -> Outcome:
         from tau2.data_model.message import ToolCall

@@ -19,13 +19,10 @@ pytestmark = pytest.mark.slow
 
 
 @contextmanager
-def dagster_dev(env: dict, port: int):
-    """`dagster dev` on the repo's workspace.yaml on 127.0.0.1:port, stopped (SIGINT, then SIGKILL) on exit."""
-    proc = subprocess.Popen(
-        ["env", "--default-signal=INT,TERM", str(VENV_BIN / "dagster"), "dev", "-w", "workspace.yaml",
-         "-h", "127.0.0.1", "-p", str(port)],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
+def serving(command: list[str], env: dict, cwd: Path):
+    """A webserver command in its own session, stopped (SIGINT, then SIGKILL) on exit."""
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     try:
         yield proc
     finally:
@@ -34,6 +31,12 @@ def dagster_dev(env: dict, port: int):
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def dagster_dev(env: dict, port: int):
+    """`dagster dev` on the repo's workspace.yaml on 127.0.0.1:port."""
+    return serving(["env", "--default-signal=INT,TERM", str(VENV_BIN / "dagster"), "dev", "-w", "workspace.yaml",
+                    "-h", "127.0.0.1", "-p", str(port)], env, REPO)
 
 
 def test_run_launched_through_the_webserver(tmp_path):
@@ -90,10 +93,8 @@ def test_pivot_ui_shows_the_runs_of_pivot_run_with_the_same_config(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     assert (project / ".dagster_home").is_dir()
     port = free_port()
-    proc = subprocess.Popen([pivot, "ui", "--config", str(config), "--port", str(port)], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     query = "{ runsOrError { ... on Runs { results { runId jobName status } } } }"
-    try:
+    with serving([pivot, "ui", "--config", str(config), "--port", str(port)], env, tmp_path):
         deadline, runs = time.time() + 180, None
         while time.time() < deadline:
             try:
@@ -105,12 +106,6 @@ def test_pivot_ui_shows_the_runs_of_pivot_run_with_the_same_config(tmp_path):
             except Exception:  # not listening yet
                 time.sleep(2)
         assert runs is not None, "pivot ui did not answer within 180 s"
-    finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
     assert [(r["jobName"], r["status"]) for r in runs] == [("pivot_pipeline", "SUCCESS")]
     nodes = repos["repositoriesOrError"]["nodes"]
     assert nodes and nodes[0]["location"]["name"] == "pivot_curation"
