@@ -8,7 +8,7 @@ Phases (thin over the library: pivot run, training/ablation.train_arm, training/
 hierarchical bootstrap):
   (a) prepare: `pivot run --select '*pivots_adv'` (ingest, the SFT warm-up = the reference, profiling, the pivot
       sets) into the work dir (--work: warehouse + Dagster home); its wall time goes to <data>/prepare.json.
-  (b) one unit per (arm, seed): train_arm (the ablation's: the arm's pool, D_cand drawn per seed, one pass), its
+  (b) one unit per (arm, seed): train_arm (the ablation's: the arm's pool, D_cand drawn per seed, ablation.epochs passes), its
       per-step curve (step, reward mean, frac_reward_zero_std, useful, loss, tokens, seconds) and run row (pool,
       steps, useful share, D_cand overlap, train seconds) -> <data>/train_<arm>_s<seed>.parquet.
   (c) one unit per (model, draw): the reference and each arm's seed-d model on evaluation draw d (the ablation's
