@@ -80,6 +80,7 @@ def shared_data_dir() -> Path:
 EXCLUSIVE_UNIT = "exclusive"
 EXCLUSIVE_DIRS = ("tests/scale/",)
 EXCLUSIVE_MODULES = ("tests/gpu/test_devices.py", "tests/policies/test_policies.py", "tests/policies/test_vllm.py",
+                     "tests/training/test_vllm_rollout.py",
                      "tests/profiling/test_vllm_rollouts.py")
 
 

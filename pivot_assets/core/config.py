@@ -268,6 +268,15 @@ class TrainingSection(_Strict):
         "Extra trl.GRPOConfig arguments (e.g. beta, loss_type)."))
     reward_verifier: Annotated[VerifierSection | None, In(TRAINING)] = Field(None, description=(
         "GRPO's reward verifier (the shape of the top-level `verifier:` section); null: the profiling verifier."))
+    share_prompt: bool = Field(True, description=(
+        "Score each GRPO group's completions with its prompt run forward once, not once per completion (the same "
+        "log-probabilities and gradients: training/shared_prompt.py); false: TRL's own computation. Needs "
+        "grpo.gradient_checkpointing false (TRL's default is true), else TRL's path runs."))
+    rollout_engine: Literal["auto", "transformers", "vllm"] = Field("auto", description=(
+        "Where GRPO's completions are sampled: transformers (the trainer's own generate), vllm (the project's vLLM "
+        "engine through TRL's rollout_func, the trainer's weights loaded into it after every optimizer step: "
+        "training/vllm_rollout.py), or auto: the policy's engine when it can (policy.backend vllm), else "
+        "transformers. A vLLM rollout is part of the models' keys."))
     launcher: Literal["inprocess", "accelerate"] = Field("inprocess", description=(
         "Where grpo_run and sft_policy train: in the Dagster step's process, or as `accelerate launch` with "
         "num_processes workers (DDP; DeepSpeed or FSDP from accelerate_config), its logs and progress reaching the "

@@ -144,14 +144,19 @@ class VLLMBackend:
         path = resolve_model_dir(model)
         if not same_family(self.path, path):
             return False
-        self.llm.collective_rpc("load_checkpoint", args=(str(path),))
-        if not self.llm.reset_prefix_cache():
-            raise RuntimeError(f"vLLM did not empty its prefix cache after loading {path}")
+        self.reload_weights(path)
         configure_tokenizer(self.tokenizer, model, self.fmt)  # the template may come from the checkpoint (auto)
         self.stop_ids = stop_token_ids(self.tokenizer, load_generation_config(path))
         self.path = path
         self.fingerprint = policy_fingerprint(model, self.fmt)
         return True
+
+    def reload_weights(self, path: str | Path) -> None:
+        """The weights of the checkpoint at `path` (this engine's architecture) into the running model, then the
+        prefix cache emptied: cached KV was computed with the old weights."""
+        self.llm.collective_rpc("load_checkpoint", args=(str(path),))
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError(f"vLLM did not empty its prefix cache after loading {path}")
 
     def prompt_ids(self, request: GenerationRequest) -> list[int]:
         """Token ids of a turn's rendered prompt (no extra BOS: the template carries its own markers)."""

@@ -252,6 +252,7 @@ def train_round(wh: Warehouse, cfg: "PivotConfig", reward, r: int, train: pl.Dat
     from pivot_assets.curation.exports import to_hf_dataset
     from pivot_assets.policies.models import PromptFormat
     from pivot_assets.training.grpo import run_grpo
+    from pivot_assets.training.vllm_rollout import resolve_rollout_engine
     from pivot_assets.training.runs import has_cuda, is_done, training_device, write_marker
 
     init, out = checkpoint(wh, r - 1), checkpoint(wh, r)
@@ -272,7 +273,8 @@ def train_round(wh: Warehouse, cfg: "PivotConfig", reward, r: int, train: pl.Dat
         trajectories = wh.read("trajectories", ["trajectory_id", "messages", "tools", "conversation_id"])
         run = run_grpo(str(init), to_hf_dataset(pool, trajectories), reward, options, out, cpu_smoke=not has_cuda(),
                        precision=resolve_dtype(cfg.training.dtype, training_device()), threads=cfg.runtime.threads,
-                       held_out=held, device=training_device(), fmt=PromptFormat.from_policy(cfg.policy))
+                       held_out=held, device=training_device(), fmt=PromptFormat.from_policy(cfg.policy),
+                       rollout=resolve_rollout_engine(cfg))
         spend = grpo_spend(run.steps, run.completions_log, run.grpo_config["num_generations"])
         spend["reward_mean"] = [s.get("reward_mean") for s in run.steps]
     (out / RECORD).write_text(json.dumps(spend))

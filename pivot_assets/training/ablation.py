@@ -164,6 +164,7 @@ def train_arm(wh: "Warehouse", cfg: "PivotConfig", arm: str, seed: int, verifier
 
         from .grpo import run_grpo
         from .split import not_in_pool
+        from .vllm_rollout import resolve_rollout_engine
 
         steps = steps_for_pool(len(turn_ids), prompts_per_step(cfg, "grpo"), epochs)
         dataset = to_hf_dataset(pivots, wh.read("trajectories"))
@@ -176,7 +177,8 @@ def train_arm(wh: "Warehouse", cfg: "PivotConfig", arm: str, seed: int, verifier
                        precision=resolve_dtype(cfg.training.dtype, device), threads=cfg.runtime.threads,
                        held_out=not_in_pool(wh, cfg), device=device, fmt=fmt, full_passes=True,
                        run_key=key, log_line=log,  # checkpoints every training.save_steps: a killed arm resumes
-                       on_step=lambda r: progress.update(1, f"reward {r.get('reward_mean') or 0:.3f}"))
+                       rollout=resolve_rollout_engine(cfg),
+                       on_step=lambda r: progress.reach(r["step"], f"reward {r.get('reward_mean') or 0:.3f}"))
         trained = run.turns_trained
         zero = [r["frac_reward_zero_std"] for r in run.steps if r.get("frac_reward_zero_std") is not None]
         tokens = [r["num_tokens"] for r in run.steps if r.get("num_tokens") is not None]

@@ -52,7 +52,7 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -64,6 +64,8 @@ from pivot_assets.environments import TurnState
 if TYPE_CHECKING:
     from pivot_assets.core.config import PivotConfig, TrainingSection
     from pivot_assets.core.warehouse import Warehouse
+
+    from .vllm_rollout import RolloutEngine
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +82,8 @@ class GRPOResult:
     n_train_prompts: int  # distinct prompts (turns) in the training data
     held_out_trajectories: list[str]
     grpo_config: dict  # the GRPOConfig keyword arguments actually used
+    rollout: dict = field(default_factory=dict)  # where the completions came from (_rollout_record)
+    shared_prompt: dict = field(default_factory=dict)  # loss forwards with the group's prompt run once / not
 
     @property
     def turns_trained(self) -> set[str]:
@@ -336,7 +340,7 @@ def run_grpo(model_dir: str, train_dataset, domain_verifiers, options: "Training
              on_step: Callable[[dict], None] | None = None, threads: int | str = "auto",
              held_out: set[str] | None = None, device: str = "cpu", fmt=None,
              full_passes: bool = False, run_key: str | None = None,
-             log_line: Callable[[str], None] = log.info) -> GRPOResult:
+             log_line: Callable[[str], None] = log.info, rollout: "RolloutEngine | None" = None) -> GRPOResult:
     """Train with TRL's GRPOTrainer on the pivot export; save the final model (HF dir) to out_dir.
 
     `train_dataset` is the pivot HF export (columns prompt, tools, expert_action, turn_id,
@@ -349,7 +353,8 @@ def run_grpo(model_dir: str, train_dataset, domain_verifiers, options: "Training
     generation takes, since TRL's sampler drops an incomplete last chunk of each pass: then every pass over the
     data trains on every turn. `run_key`: checkpoints every options.save_steps steps into a dir named by it, and a
     rerun with the same key resumes from the last complete one (its completions log then starts there); None: no
-    checkpoints, a work dir of this process only. `log_line`: where the resume is said.
+    checkpoints, a work dir of this process only. `log_line`: where the resume is said. `rollout`: where the
+    completions are sampled (vllm_rollout.resolve_rollout_engine); None: the trainer's own generate.
     """
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -358,6 +363,7 @@ def run_grpo(model_dir: str, train_dataset, domain_verifiers, options: "Training
 
     from .launcher import gather_lists, is_main_process
     from .sft import last_complete_checkpoint, save_trained
+    from .shared_prompt import shared_prompt_trainer
     from .split import split_by_trajectory
 
     if held_out is None:
@@ -376,8 +382,11 @@ def run_grpo(model_dir: str, train_dataset, domain_verifiers, options: "Training
         dataset = pad_to_multiple(dataset, prompts_per_generation(kwargs), options.seed)
     reward = make_verifier_reward(domain_verifiers, tokenizer)
     timer = type("StepTimer", (_StepTimer, TrainerCallback), {})(on_step)
-    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=GRPOConfig(**kwargs),
-                          train_dataset=dataset, processing_class=tokenizer, callbacks=[timer])
+    engine = _rollout_func(model_dir, rollout, fmt)
+    trainer_class = shared_prompt_trainer(GRPOTrainer) if options.share_prompt else GRPOTrainer
+    trainer = trainer_class(model=model, reward_funcs=[reward], args=GRPOConfig(**kwargs),
+                          train_dataset=dataset, processing_class=tokenizer, callbacks=[timer],
+                          **({"rollout_func": engine} if engine is not None else {}))
     resume = last_complete_checkpoint(work_dir) if run_key is not None and work_dir.exists() else None
     if resume:
         log_line(f"grpo: resuming from {resume}")
@@ -388,6 +397,9 @@ def run_grpo(model_dir: str, train_dataset, domain_verifiers, options: "Training
         if run_key is None:  # a keyed run keeps its checkpoints for the rerun
             shutil.rmtree(work_dir, ignore_errors=True)
         raise
+    finally:
+        if engine is not None:
+            engine.close()
     if is_main_process():
         shutil.rmtree(work_dir, ignore_errors=True)
     completions = gather_lists(reward.completions_log)  # each launched rank scored its share
@@ -397,7 +409,30 @@ def run_grpo(model_dir: str, train_dataset, domain_verifiers, options: "Training
     fingerprints = {str(d): domain_verifiers.for_domain(d).fingerprint for d in sorted(set(dataset["domain"]), key=str)}
     return GRPOResult(model_dir=str(out), steps=steps, completions_log=completions,
                       verifier_fingerprints=fingerprints, n_train_prompts=len(set(dataset["turn_id"])),
-                      held_out_trajectories=sorted(held_out), grpo_config=kwargs)
+                      held_out_trajectories=sorted(held_out), grpo_config=kwargs,
+                      rollout=_rollout_record(engine), shared_prompt=dict(getattr(trainer, "shared_prompt_counts", {})))
+
+
+def _rollout_func(model_dir: str, rollout: "RolloutEngine | None", fmt):
+    """TRL's rollout_func for `rollout` (None: the trainer's own generation)."""
+    if rollout is None or rollout.name == "transformers":
+        return None
+    from .launcher import world_size
+    from .vllm_rollout import VLLMRollout
+
+    if world_size() > 1:
+        raise ValueError("training.rollout_engine vllm runs one engine beside one training process: use launcher "
+                         "inprocess, or on GPUs TRL's own vLLM modes (training.grpo.use_vllm)")
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16: said here
+    return VLLMRollout(model_dir, rollout, fmt)
+
+
+def _rollout_record(engine) -> dict:
+    """How the completions were sampled: the engine, the step each generation sampled under, its seconds."""
+    if engine is None:
+        return {"engine": "transformers"}
+    return {"engine": "vllm", "dtype": engine.engine.dtype, "synced_steps": engine.synced_steps,
+            "generate_s": round(engine.seconds["generate"], 2), "sync_s": round(engine.seconds["sync"], 2)}
 
 
 # -- the grpo_run stage ---------------------------------------------------------------------------
@@ -426,6 +461,7 @@ def run_local_grpo(wh: "Warehouse", cfg: "PivotConfig", verifiers, log: Callable
 
     from .runs import has_cuda, init_model, training_device, write_marker
     from .split import not_in_pool
+    from .vllm_rollout import resolve_rollout_engine
 
     result = grpo_run_status(wh, cfg, verifiers)
     if result["skipped"]:
@@ -453,7 +489,7 @@ def run_local_grpo(wh: "Warehouse", cfg: "PivotConfig", verifiers, log: Callable
     run = run_grpo(init_model(wh, cfg), dataset, verifiers, cfg.training, out, cpu_smoke=cpu_smoke,
                    precision=precision, on_step=on_step, threads=cfg.runtime.threads, held_out=held_out,
                    device=training_device(), fmt=PromptFormat.from_policy(cfg.policy), run_key=key,
-                   log_line=log)
+                   log_line=log, rollout=resolve_rollout_engine(cfg))
     from .launcher import is_main_process
 
     if not is_main_process():  # a launched run's other ranks trained beside the main one, which writes

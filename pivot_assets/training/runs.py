@@ -87,7 +87,11 @@ def grpo_run_identity(cfg: PivotConfig, device: str = "cpu") -> dict:
 
 
 def training_identity(cfg: PivotConfig, device: str = "cpu") -> dict:
-    return identity.training_identity(cfg.training, device)
+    """The training section's identity and where GRPO's completions are sampled (a vLLM rollout only: keys of
+    models sampled by the trainer itself are those made before the rollout engine existed)."""
+    from .vllm_rollout import resolve_rollout_engine
+
+    return {**identity.training_identity(cfg.training, device), **resolve_rollout_engine(cfg).identity}
 
 
 def training_device() -> str:
