@@ -2,14 +2,16 @@
 rollout_func, training/vllm_rollout.py), side by side in one run, into bench/RESULTS_grpo_rollout.md.
 
     .venv/bin/python bench/bench_grpo_rollout.py [--model DIR] [--turns 16] [--steps 12] [--threads 1]
-                                                 [--engines transformers,vllm] [--out bench/RESULTS_grpo_rollout.md]
+                                                 [--variants trl,vllm-only,shared,vllm+shared] [--out bench/RESULTS_grpo_rollout.md]
 
 The policy: `--model` (e.g. a pipeline's models/sft_policy), else a short SFT warm-up of the embedded model on
 BFCL items apart from the GRPO prompts (bench_ablation_sizing.warm_up: a policy that writes calls and stops, as the
 ablation's reference does). The GRPO prompts: `--turns` BFCL single-turn items (simple_python + live_simple),
-rendered with their tools as the pipeline renders pivots. Each engine trains the same policy on the same prompts
+rendered with their tools as the pipeline renders pivots. Four variants: `trl` (TRL's GRPOTrainer as it comes: its
+own generate, each completion scored with its prompt: the baseline), `vllm-only` (completions from the vLLM engine),
+`shared` (each group's prompt run once in the loss, training/shared_prompt.py) and `vllm+shared` (both). Each trains the same policy on the same prompts
 with the same seed, `training:` as configs/decisive_bfcl.yaml sets it (4 completions of <= 80 tokens a step, lr
-1e-5), the tool_call verifier as reward. Measured per engine: wall seconds per optimizer step (TRL's step, the
+1e-5), the tool_call verifier as reward. Measured per variant: wall seconds per optimizer step (TRL's step, the
 first one apart: it compiles and warms caches), of which generation (GRPOTrainer._generate, timed around the
 call; on vLLM it includes loading the trainer's weights into the engine, also given alone), the engine's start,
 and the completions' mean length. Run it on an idle box: the engines alternate with the trainer, each using
@@ -70,14 +72,22 @@ class GenerationTimer:
         self._trainer._generate = self._original
 
 
-def run_engine(engine: str, model: str, items: list[dict], steps: int, threads: int) -> dict:
+# variant -> (where completions are sampled, the group's prompt run once in the loss)
+VARIANTS = {"trl": ("transformers", False),          # TRL as it comes: the baseline
+            "vllm-only": ("vllm", False),             # the engine alone
+            "shared": ("transformers", True),         # the shared prompt alone
+            "vllm+shared": ("vllm", True)}            # both: what training.rollout_engine vllm runs
+
+
+def run_engine(variant: str, model: str, items: list[dict], steps: int, threads: int) -> dict:
     from pivot_assets.core.config import PivotConfig
     from pivot_assets.core.hardware import resolve_dtype
     from pivot_assets.training.grpo import run_grpo
     from pivot_assets.training.vllm_rollout import RolloutEngine
     from pivot_assets.verifiers import DomainVerifiers
 
-    cfg = PivotConfig(training={**TRAINING, "steps": steps, "seed": 0},
+    engine, share = VARIANTS[variant]
+    cfg = PivotConfig(training={**TRAINING, "steps": steps, "seed": 0, "share_prompt": share},
                       verifier={"default": {"name": "tool_call", "strings": "bfcl"}})
     rollout = None if engine == "transformers" else RolloutEngine(
         "vllm", "cpu", resolve_dtype("auto", "cpu").dtype, threads, {"enforce_eager": True})
@@ -95,7 +105,8 @@ def run_engine(engine: str, model: str, items: list[dict], steps: int, threads: 
     gen_s = timer.calls
     later = slice(1, None)  # the first step warms caches (and on vLLM pays no weight load)
     sync = run.rollout.get("sync_s")
-    return {"engine": engine, "steps": len(step_s), "wall_s": round(wall, 1),
+    return {"variant": variant, "engine": engine, "share_prompt": share, "steps": len(step_s),
+            "wall_s": round(wall, 1),
             "setup_s": round(wall - sum(step_s), 1),
             "first_step_s": round(step_s[0], 2), "step_s": round(statistics.median(step_s[later]), 2),
             "generate_s": round(statistics.median(gen_s[later]), 2),
@@ -117,19 +128,20 @@ def cpu_name() -> str:
 
 
 def markdown(rows: list[dict], args, policy: str, cmd: str) -> str:
-    base = next((r for r in rows if r["engine"] == "transformers"), None)
+    base = next((r for r in rows if r["variant"] == "trl"), None)
     lines = ["# GRPO steps: the trainer's own generate against the vLLM engine (rollout_func)", "",
              f"Measured {datetime.date.today()} on {cpu_name()}, {len(__import__('os').sched_getaffinity(0))} cores, "
              f"`{args.threads}` thread(s) per engine; command: `{cmd}`.", "",
              f"Policy: {policy}. {args.turns} BFCL single-turn prompts ({', '.join(CATEGORIES)}), {args.steps} "
              "optimizer steps per engine, one prompt x 4 completions of <= 80 tokens a step, lr 1e-5, seed 0, reward: "
              "tool_call (BFCL strings). Seconds are medians over steps 2..N (step 1 apart: warm-up).", "",
-             "| engine | s / step | of it: generation | training (rest) | weight load / step | engine start + setup | "
-             "first step | completion mean tokens | reward mean | dtype sampled in | step speed-up |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| variant | completions from | prompt once in the loss | s / step | of it: generation | training (rest) | "
+             "weight load / step | engine start + setup | first step | completion mean tokens | reward mean | "
+             "dtype sampled in | step speed-up vs trl |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         speed = f"{base['step_s'] / r['step_s']:.2f}x" if base else ""
-        lines.append(f"| {r['engine']} | {r['step_s']} | {r['generate_s']} | {r['train_s']} | "
+        lines.append(f"| {r['variant']} | {r['engine']} | {'yes' if r['share_prompt'] else 'no'} | {r['step_s']} | {r['generate_s']} | {r['train_s']} | "
                      f"{r['sync_s_per_step'] if r['sync_s_per_step'] is not None else '-'} | {r['setup_s']} | "
                      f"{r['first_step_s']} | {r['completion_mean_length']} | {r['reward_mean']} | {r['dtype']} | "
                      f"{speed} |")
@@ -144,9 +156,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup-steps", type=int, default=48)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--engines", default="transformers,vllm")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--out", default=str(ROOT / "bench" / "RESULTS_grpo_rollout.md"))
     args = ap.parse_args()
+    unknown = sorted(set(args.variants.split(",")) - set(VARIANTS))
+    if unknown:
+        raise SystemExit(f"--variants: unknown {', '.join(unknown)}; expected some of {', '.join(VARIANTS)}")
 
     from bench_ablation_sizing import bfcl_items, warm_up
 
@@ -166,9 +181,15 @@ def main() -> None:
             result = warm_up(cfg, warmup_items, args.warmup_steps, Path(model))
             policy = (f"the embedded SmolLM2-135M after a {args.warmup_steps}-step SFT warm-up on other BFCL items "
                       f"(final loss {result['final_loss']:.3f})")
+        from pivot_assets.policies.vllm_backend import vllm_missing
+
+        variants = args.variants.split(",")
+        if vllm_missing() and any(VARIANTS[v][0] == "vllm" for v in variants):
+            print(f"the vllm variants are skipped: {vllm_missing()}", flush=True)
+            variants = [v for v in variants if VARIANTS[v][0] != "vllm"]
         rows = []
-        for engine in args.engines.split(","):
-            rows.append(run_engine(engine, model, prompts, args.steps, args.threads))
+        for variant in variants:
+            rows.append(run_engine(variant, model, prompts, args.steps, args.threads))
             print(json.dumps(rows[-1]), flush=True)
     cmd = "python bench/bench_grpo_rollout.py " + " ".join(sys.argv[1:])
     text = markdown(rows, args, policy, cmd)

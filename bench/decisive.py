@@ -535,6 +535,30 @@ def sweep_phase(config: Path, work: Path, data: Path, workers: int | None, out: 
 
 
 # -- the report (unit files and the config only) ------------------------------------------------------
+def pass_lines(train, arms: list[str]) -> list[str]:
+    """Mean training reward per pass over the arm's pool (steps 1..pool = pass 1, ...), each run's passes paired:
+    every pass samples the same prompts, so a rise from pass 1 to pass 2 is the policy learning them."""
+    import polars as pl
+
+    runs = train.filter(pl.col("pool") > 0).with_columns(((pl.col("step") - 1) // pl.col("pool") + 1).alias("pass"))
+    if runs.is_empty() or runs["pass"].max() < 2:
+        return []
+    per = runs.group_by("arm", "seed", "pass").agg(pl.col("reward_mean").mean()).sort("arm", "seed", "pass")
+    top = int(per["pass"].max())
+    lines = ["", "Training reward per pass over the pool (each pass samples the same prompts: a paired look at "
+             "whether training moved the policy on them)", "",
+             "| arm | seed | " + " | ".join(f"pass {i}" for i in range(1, top + 1)) + " | last - first |",
+             "|---|---|" + "---|" * (top + 1)]
+    for (arm, seed), g in per.group_by("arm", "seed", maintain_order=True):
+        if arm not in arms:
+            continue
+        r = dict(zip(g["pass"].to_list(), g["reward_mean"].to_list()))
+        cells = [f"{r[i]:.3f}" if r.get(i) is not None else "" for i in range(1, top + 1)]
+        delta = (r.get(top) - r[1]) if r.get(top) is not None and r.get(1) is not None else None
+        lines.append(f"| {arm} | {seed} | " + " | ".join(cells) + f" | {'' if delta is None else f'{delta:+.3f}'} |")
+    return lines
+
+
 def load_units(data: Path, arms: list[str], seeds: list[int]):
     import polars as pl
 
@@ -715,6 +739,7 @@ def report(config: Path, data: Path, out: Path | None, png: Path | None) -> str:
                 "" if p not in cells or cells[p][0] is None else
                 f"{cells[p][0]:.3f} ({'n/a' if cells[p][1] is None else f'{cells[p][1]:.2f}'})" for p in range(n_bins))
                 + " |")
+        lines += pass_lines(train, arms)
         if png is not None:
             curves_png(train, png)
             lines += ["", f"Per-step curves of every run: `{png.relative_to(ROOT) if png.is_relative_to(ROOT) else png}`."]

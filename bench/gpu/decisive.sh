@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The decisive comparison (bench/decisive.py: GRPO on D_adv against D_cand at equal steps, resumable units) on one
+# GPU, in slices: each invocation runs for at most SLICE_S seconds (default 480), then stops; its finished units are
+# files in DATA and a training arm cut mid-way resumes from its last checkpoint, so invoking it again continues where
+# it stopped. When every unit is there it writes the report (the same tables as bench/RESULTS_decisive_bfcl.md).
+#
+#   bench/gpu/decisive.sh                         # MODEL=org/name (a Hub id in the cache) or a local dir; default embedded
+#   SLICE_S=420 WORK=/tmp/dgpu bench/gpu/decisive.sh
+#
+# On CUDA: the BFCL single-turn design of configs/decisive_bfcl.yaml (3 seeds, 199 held-out items x eval_k 4, two
+# passes over D_adv per arm, lr 1e-5), profiling and evaluation on vLLM, GRPO's completions from the same vLLM
+# engine (training.rollout_engine vllm), the trainer on the GPU. Without CUDA it runs a tiny slice of the same chain
+# on the CPU (the built-in sample, transformers, one seed), which tests/gpu/test_decisive_script.py runs.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+PY=${PY:-$ROOT/.venv/bin/python}
+MODEL=${MODEL:-embedded}
+SLICE_S=${SLICE_S:-480}
+export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} PYTHONUNBUFFERED=1
+
+GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
+if [ "$GPUS" -gt 0 ]; then
+  NAME=decisive_bfcl_gpu
+  BFCL=$("$PY" -c "import bfcl_eval, pathlib; print(pathlib.Path(bfcl_eval.__file__).parent / 'data')")
+  BODY="inputs:
+  - {path: $BFCL/BFCL_v4_simple_python.json, format: bfcl}
+  - {path: $BFCL/BFCL_v4_live_simple.json, format: bfcl}
+sft: {model: $MODEL, steps: 48, learning_rate: 1.0e-4, batch_size: 4, max_length: 1024, dtype: auto, examples: auto}
+policy: {backend: vllm, device: cuda, model: sft, k: 8, temperature: 1.0, max_new_tokens: 80, seed: 0, dtype: auto,
+         engine_args: {gpu_memory_utilization: 0.3}}
+verifier: {default: {name: tool_call, strings: bfcl}}
+pivots: {lambda_diff: 0.6, seed: 0}
+training: {set: adv, init: sft, rollout_engine: vllm, num_generations: 4, max_completion_length: 80,
+           eval_fraction: 0.312, warmup_fraction: 0.339, eval_k: 4, eval_seed: 0, save_steps: 10, bootstrap: 2000,
+           grpo: {gradient_checkpointing: false}}
+ablation: {arms: [grpo_adv, grpo_cand], seeds: [0, 1, 2], epochs: 2, primary: profiled}
+runtime: {workers: 1}
+decisive: {learning_rate: 1.0e-5, half_width: 0.058}"
+else
+  NAME=decisive_cpu_slice
+  BODY="sample: {n_trajectories: 12, seed: 3}
+sft: {model: $MODEL, steps: 2, batch_size: 2, max_length: 1024}
+policy: {backend: transformers, model: sft, k: 2, max_new_tokens: 12, dtype: auto, device: cpu}
+verifier: {default: {name: string_similarity, graded: true, facts: ignore}}
+pivots: {lambda_diff: 0.95, max_per_trajectory: 1}
+training: {set: adv, init: sft, num_generations: 2, max_completion_length: 8, eval_fraction: 0.4,
+           warmup_fraction: 0.3, eval_k: 2, eval_max_turns: 6, bootstrap: 200, save_steps: 1,
+           grpo: {gradient_checkpointing: false}}
+ablation: {arms: [grpo_adv, grpo_cand], seeds: [0], epochs: 1, primary: profiled}
+runtime: {workers: 1}
+decisive: {learning_rate: 1.0e-3, half_width: 0.5}"
+fi
+WORK=${WORK:-/tmp/$NAME}
+DATA=${DATA:-$ROOT/bench/data/$NAME}
+OUT=${OUT:-$ROOT/bench/RESULTS_$NAME.md}
+mkdir -p "$WORK" "$DATA"
+CONFIG="$WORK/$NAME.yaml"
+printf 'warehouse: %s/warehouse\n%s\n' "$WORK" "$BODY" > "$CONFIG"
+
+echo "== decisive on $([ "$GPUS" -gt 0 ] && echo "$GPUS GPU(s)" || echo "the CPU (a tiny slice)"): model $MODEL, units $DATA, work $WORK, slice ${SLICE_S} s"
+set +e
+# INT first (the runner's workers stop and keep their checkpoints), KILL 30 s later if it has not ended
+timeout --signal=INT --kill-after=30 "$SLICE_S" "$PY" "$ROOT/bench/decisive.py" --config "$CONFIG" --data "$DATA" \
+  --work "$WORK" --out "$OUT" --png "${OUT%.md}_curves.png"
+rc=$?
+set -e
+if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+  echo "== slice over after ${SLICE_S} s: $(ls "$DATA"/*.parquet 2>/dev/null | wc -l) unit file(s) in $DATA; run it again to continue"
+  exit 0
+fi
+exit $rc
