@@ -466,7 +466,7 @@ def choose_rate(rows: list[dict], tie: float) -> float:
     return min(r["learning_rate"] for r in rows if r["accuracy"] >= best - tie)
 
 
-def sweep_markdown(table: dict, sweep: dict) -> str:
+def sweep_markdown(table: dict, sweep: dict, epochs: float | None = None) -> str:
     n_items = table["rows"][0]["items"] if table["rows"] else None
     lines = [SWEEP_MARK.strip(), "",
              f"Before phase (b), on a slice apart from the held-out items: GRPO on D_adv (seed {sweep['seed']}, "
@@ -483,6 +483,14 @@ def sweep_markdown(table: dict, sweep: dict) -> str:
                      f"{r['train_s']:.0f} |")
     lines += ["", (f"**Chosen: {table['chosen']:g}.**" if table["chosen"] is not None
                    else "**Not chosen yet: sweep units missing.**")]
+    chosen = next((r for r in table["rows"] if r["learning_rate"] == table["chosen"]), None)
+    if chosen is not None and epochs is not None:
+        rose = chosen["reward_last"] > chosen["reward_first"]
+        lines += ["", f"At the chosen rate the training reward {'rose' if rose else 'did not rise'} within the sweep's "
+                  f"{sweep['epochs']} of a pass ({chosen['reward_first']:.3f} in the first third, "
+                  f"{chosen['reward_last']:.3f} in the last); the design's rule (one pass, more where the reward does "
+                  f"not rise in the sweep) gives the run **{epochs:g} pass(es)** over each arm's pool "
+                  "(`ablation.epochs`)."]
     return "\n".join(lines) + "\n"
 
 
@@ -757,7 +765,8 @@ def report(config: Path, data: Path, out: Path | None, png: Path | None) -> str:
     lines.append("")
     text = "\n".join(lines)
     if out is not None and (data / sweep_eval_name(REFERENCE)).is_file():
-        write_sweep_section(out, sweep_markdown(sweep_table(data, section["sweep"]), section["sweep"]))
+        write_sweep_section(out, sweep_markdown(sweep_table(data, section["sweep"]), section["sweep"],
+                                                float((raw.get("ablation") or {}).get("epochs", 1))))
     if out is not None:
         head = out.read_text() if out.is_file() else ""
         head = ("\n" + head).split(RESULTS_MARK, 1)[0].strip("\n")
