@@ -57,10 +57,15 @@ def check_verifiers(cfg: PivotConfig) -> None:
 
 
 def check_engine(cfg: PivotConfig) -> None:
-    """The engine policy.backend names is installed here (core/engines.missing says how to install it)."""
+    """The engines policy.backend and training.rollout_engine name are installed here (core/engines.missing says
+    how to install them)."""
     why = missing(cfg.policy.backend)
     if why:
         raise PreflightError(f"{cfg.source}: policy.backend {cfg.policy.backend}: {why} (or pick another backend)")
+    rollout = cfg.training.rollout_engine
+    why = missing(rollout) if rollout not in ("auto", "transformers") else None
+    if why:
+        raise PreflightError(f"{cfg.source}: training.rollout_engine {rollout}: {why} (or set it to auto)")
 
 
 def models_loaded(cfg: PivotConfig, groups: set[str]) -> list[tuple[str, str]]:

@@ -58,19 +58,19 @@ class RolloutEngine:
 def resolve_rollout_engine(cfg) -> RolloutEngine:
     """training.rollout_engine: `auto` = the policy's engine when it samples GRPO's rollouts (its grpo_rollouts
     capability: vLLM), else the trainer's own generation; `vllm` asks for it (one line where it is not installed)."""
-    from pivot_assets.core.engines import capabilities
+    from pivot_assets.core.engines import capabilities, missing
     from pivot_assets.core.hardware import resolve_dtype, resolve_threads
-    from pivot_assets.policies.vllm_backend import vllm_missing
 
     wanted = cfg.training.rollout_engine
-    if wanted == "auto":
+    if wanted == "auto":  # the policy's engine where it can, and is installed (else preflight names the backend)
         backend = cfg.policy.backend
-        wanted = backend if backend in ROLLOUT_ENGINES and capabilities(backend).grpo_rollouts else "transformers"
+        able = backend in ROLLOUT_ENGINES and capabilities(backend).grpo_rollouts and not missing(backend)
+        wanted = backend if able else "transformers"
     if wanted == "transformers":
         return RolloutEngine()
-    missing = vllm_missing()
-    if missing:
-        raise ValueError(f"training.rollout_engine vllm: {missing}")
+    why = missing(wanted)
+    if why:
+        raise ValueError(f"training.rollout_engine {wanted}: {why}")
     device = cfg.policy.device if str(cfg.policy.device).startswith("cuda") else "cpu"
     return RolloutEngine("vllm", device, resolve_dtype(cfg.policy.dtype, device).dtype,
                          resolve_threads(cfg.runtime.threads), dict(cfg.policy.engine_args))
@@ -141,6 +141,10 @@ class VLLMRollout:
         from vllm import SamplingParams
 
         args = trainer.args
+        if args.generation_kwargs:  # transformers' generate keywords: no vLLM meaning to give them
+            raise ValueError("training.grpo.generation_kwargs applies to the trainer's own generate: with "
+                             "training.rollout_engine vllm set the sampling through GRPOConfig's own keys "
+                             "(temperature, top_p, top_k, min_p, repetition_penalty)")
         return SamplingParams(n=n, temperature=args.temperature, top_p=args.top_p,
                               top_k=args.top_k if args.top_k else -1, min_p=args.min_p or 0.0,
                               repetition_penalty=args.repetition_penalty, max_tokens=args.max_completion_length,

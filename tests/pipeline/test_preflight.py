@@ -100,6 +100,14 @@ def test_an_engine_that_is_not_installed(project, capsys, monkeypatch):
     assert "policy.backend vllm: vllm is not installed: make setup-vllm" in err, err
 
 
+def test_a_rollout_engine_that_is_not_installed(project, capsys, monkeypatch):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a))
+    project(f"policy: {{{QUICK_POLICY}}}\ntraining: {{rollout_engine: vllm}}\n")
+    err = fails_before_the_run(capsys)
+    assert "training.rollout_engine vllm: vllm is not installed: make setup-vllm" in err, err
+
+
 def test_ingest_only_runs_load_no_model(project, capsys):
     """A selection that loads no model runs whatever the model names (the model is checked when it is loaded)."""
     project(f"policy: {{model: org/not-fetched, {QUICK_POLICY}}}\n")
