@@ -92,20 +92,16 @@ def test_a_verifier_name_not_in_the_registry(project, capsys, config, expected):
     assert expected in fails_before_the_run(capsys)
 
 
-def test_an_engine_that_is_not_installed(project, capsys, monkeypatch):
+@pytest.mark.parametrize("config, key", [
+    (f"policy: {{backend: vllm, {QUICK_POLICY}}}\n", "policy.backend"),
+    (f"policy: {{{QUICK_POLICY}}}\ntraining: {{rollout_engine: vllm}}\n", "training.rollout_engine"),
+], ids=["policy", "grpo-rollouts"])
+def test_an_engine_that_is_not_installed(project, capsys, monkeypatch, config, key):
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a))
-    project(f"policy: {{backend: vllm, {QUICK_POLICY}}}\n")
+    project(config)
     err = fails_before_the_run(capsys)
-    assert "policy.backend vllm: vllm is not installed: make setup-vllm" in err, err
-
-
-def test_a_rollout_engine_that_is_not_installed(project, capsys, monkeypatch):
-    find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a))
-    project(f"policy: {{{QUICK_POLICY}}}\ntraining: {{rollout_engine: vllm}}\n")
-    err = fails_before_the_run(capsys)
-    assert "training.rollout_engine vllm: vllm is not installed: make setup-vllm" in err, err
+    assert f"{key} vllm: vllm is not installed: make setup-vllm" in err, err
 
 
 def test_ingest_only_runs_load_no_model(project, capsys):
