@@ -66,6 +66,13 @@ def check_engine(cfg: PivotConfig) -> None:
     why = missing(rollout) if rollout not in ("auto", "transformers") else None
     if why:
         raise PreflightError(f"{cfg.source}: training.rollout_engine {rollout}: {why} (or set it to auto)")
+    from pivot_assets.training.vllm_rollout import resolve_rollout_engine
+
+    launched = cfg.training.launcher != "inprocess" and cfg.training.num_processes > 1
+    if launched and resolve_rollout_engine(cfg).name != "transformers":
+        raise PreflightError(f"{cfg.source}: training.rollout_engine samples beside one training process, not "
+                             f"{cfg.training.num_processes} launched ones: set training.rollout_engine: transformers "
+                             "(on GPUs, TRL's own vLLM modes: training.grpo.use_vllm)")
 
 
 def models_loaded(cfg: PivotConfig, groups: set[str]) -> list[tuple[str, str]]:

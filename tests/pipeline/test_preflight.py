@@ -104,6 +104,13 @@ def test_an_engine_that_is_not_installed(project, capsys, monkeypatch, config, k
     assert f"{key} vllm: vllm is not installed: make setup-vllm" in err, err
 
 
+def test_a_vllm_rollout_beside_launched_training_ranks(project, capsys, monkeypatch):
+    find_spec = importlib.util.find_spec  # vLLM installed or not: the launch is what is refused
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else find_spec(name, *a))
+    project(f"policy: {{{QUICK_POLICY}}}\ntraining: {{rollout_engine: vllm, launcher: accelerate, num_processes: 2}}\n")
+    assert "samples beside one training process, not 2 launched ones" in fails_before_the_run(capsys)
+
+
 def test_ingest_only_runs_load_no_model(project, capsys):
     """A selection that loads no model runs whatever the model names (the model is checked when it is loaded)."""
     project(f"policy: {{model: org/not-fetched, {QUICK_POLICY}}}\n")
