@@ -35,9 +35,6 @@ from pivot_assets.core.ids import seeded_int
 
 log = logging.getLogger(__name__)
 
-ROLLOUT_ENGINES = ("transformers", "vllm")
-
-
 @dataclass(frozen=True)
 class RolloutEngine:
     """Where GRPO's completions come from, resolved once from the config (training.rollout_engine + policy)."""
@@ -64,7 +61,7 @@ def resolve_rollout_engine(cfg) -> RolloutEngine:
     wanted = cfg.training.rollout_engine
     if wanted == "auto":  # the policy's engine where it can, and is installed (else preflight names the backend)
         backend = cfg.policy.backend
-        able = backend in ROLLOUT_ENGINES and capabilities(backend).grpo_rollouts and not missing(backend)
+        able = capabilities(backend).grpo_rollouts and not missing(backend)
         wanted = backend if able else "transformers"
     if wanted == "transformers":
         return RolloutEngine()

@@ -29,6 +29,16 @@ def test_every_engine_declares_its_capabilities():
         capabilities("sglang")
 
 
+def test_the_engines_page_lists_every_capability():
+    from dataclasses import fields
+
+    from pivot_assets.core.engines import EngineCapabilities
+
+    page = (PACKAGE.parent / "docs" / "engines.md").read_text(encoding="utf-8")
+    flags = [f.name for f in fields(EngineCapabilities) if f.type in (bool, "bool")]
+    assert [f for f in flags if f"| `{f}` |" not in page] == []
+
+
 def test_auto_picks_the_fastest_engine_installed(monkeypatch):
     from pivot_assets.core import engines
     from pivot_assets.core.config import PolicySection
