@@ -112,7 +112,9 @@ def build_grpo_asset(cfg: PivotConfig, wh: Warehouse, reward: DomainVerifiers):
         if not result["skipped"]:
             meta.update({"train_prompts": result["train_prompts"],
                          "verifier_fingerprints": dg.MetadataValue.json(result["verifier_fingerprints"]),
-                         "grpo_config": dg.MetadataValue.json({k: _json_value(v) for k, v in result["grpo_config"].items()})})
+                         "grpo_config": dg.MetadataValue.json({k: _json_value(v) for k, v in result["grpo_config"].items()}),
+                         "rollout": dg.MetadataValue.json(result["rollout"]),
+                         "shared_prompt": dg.MetadataValue.json(result["shared_prompt"])})
         rows = wh.read("grpo_steps").to_dicts()
         plot = steps_plot(wh, "grpo_steps", rows, ["reward_mean", "reward_std", "frac_reward_zero_std", "loss"])
         return publish(wh, "grpo_steps", {

@@ -385,8 +385,8 @@ def run_grpo(model_dir: str, train_dataset, domain_verifiers, options: "Training
     engine = _rollout_func(model_dir, rollout, fmt)
     trainer_class = shared_prompt_trainer(GRPOTrainer) if options.share_prompt else GRPOTrainer
     trainer = trainer_class(model=model, reward_funcs=[reward], args=GRPOConfig(**kwargs),
-                          train_dataset=dataset, processing_class=tokenizer, callbacks=[timer],
-                          **({"rollout_func": engine} if engine is not None else {}))
+                            train_dataset=dataset, processing_class=tokenizer, callbacks=[timer],
+                            **({"rollout_func": engine} if engine is not None else {}))
     resume = last_complete_checkpoint(work_dir) if run_key is not None and work_dir.exists() else None
     if resume:
         log_line(f"grpo: resuming from {resume}")
@@ -451,7 +451,8 @@ def run_local_grpo(wh: "Warehouse", cfg: "PivotConfig", verifiers, log: Callable
     """The grpo_run stage: GRPO on the exported training pivot set from `training.init`, rewarded by `verifiers`
     (the reward set: VerifierSets.reward), unless a model with the same key is already there. Writes grpo_steps and grpo_completions, then the completion marker.
 
-    Returns {skipped, key, model_dir, precision, train_s?, train_prompts?, verifier_fingerprints?, grpo_config?}.
+    Returns {skipped, key, model_dir, precision, train_s?, train_prompts?, verifier_fingerprints?, grpo_config?,
+    rollout?, shared_prompt?}.
     """
     import datasets
     import pyarrow as pa
@@ -500,4 +501,5 @@ def run_local_grpo(wh: "Warehouse", cfg: "PivotConfig", verifiers, log: Callable
          for r in run.completions_log]))
     write_marker(out, key)
     return {**result, "train_s": time.perf_counter() - t0, "train_prompts": run.n_train_prompts,
-            "verifier_fingerprints": run.verifier_fingerprints, "grpo_config": run.grpo_config}
+            "verifier_fingerprints": run.verifier_fingerprints, "grpo_config": run.grpo_config,
+            "rollout": {k: v for k, v in run.rollout.items() if k != "synced_steps"}, "shared_prompt": run.shared_prompt}
