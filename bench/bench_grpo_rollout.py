@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
 import random
 import statistics
 import sys
@@ -117,20 +116,12 @@ def run_engine(variant: str, model: str, items: list[dict], steps: int, threads:
             "dtype": run.rollout.get("dtype", "float32 weights, " + resolve_dtype("auto", "cpu").dtype + " autocast")}
 
 
-def cpu_name() -> str:
-    from pivot_assets.core.hardware import native_bf16
-
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor())
-    flags = Path("/proc/cpuinfo").read_text()
-    extras = [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
-    return f"{model} ({', '.join(extras) or 'no bf16 extensions'}; bf16 native: {native_bf16('cpu')[0]})"
-
-
 def markdown(rows: list[dict], args, policy: str, cmd: str) -> str:
+    from pivot_assets.core.hardware import describe_cpu, native_bf16
+
     base = next((r for r in rows if r["variant"] == "trl"), None)
     lines = ["# GRPO steps: the trainer's own generate against the vLLM engine (rollout_func)", "",
-             f"Measured {datetime.date.today()} on {cpu_name()}, {len(__import__('os').sched_getaffinity(0))} cores, "
+             f"Measured {datetime.date.today()} on {describe_cpu()} (native bf16: {native_bf16('cpu')[0]}), "
              f"`{args.threads}` thread(s) per engine; command: `{cmd}`.", "",
              f"Policy: {policy}. {args.turns} BFCL single-turn prompts ({', '.join(CATEGORIES)}), {args.steps} "
              "optimizer steps per engine, one prompt x 4 completions of <= 80 tokens a step, lr 1e-5, seed 0, reward: "
