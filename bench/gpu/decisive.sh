@@ -7,9 +7,10 @@
 #   bench/gpu/decisive.sh                         # MODEL=org/name (a Hub id in the cache) or a local dir; default embedded
 #   SLICE_S=420 WORK=/tmp/dgpu bench/gpu/decisive.sh
 #
-# On CUDA: the BFCL single-turn design of configs/decisive_bfcl.yaml (3 seeds, 199 held-out items x eval_k 4, two
-# passes over D_adv per arm, lr 1e-5), profiling and evaluation on vLLM, GRPO's completions from the same vLLM
-# engine (training.rollout_engine vllm), the trainer on the GPU. Without CUDA it runs a tiny slice of the same chain
+# On CUDA: the BFCL single-turn design of configs/decisive_bfcl.yaml itself (3 seeds, 199 held-out items x eval_k 4,
+# two passes over D_adv per arm, the CPU sweep's lr 1e-5), derived by bench/gpu/decisive_config.py: profiling and
+# evaluation on vLLM, GRPO's completions from the same vLLM engine (training.rollout_engine vllm), the trainer on the
+# GPU. Without CUDA it runs a tiny slice of the same chain
 # on the CPU (the built-in sample, transformers, one seed), which tests/gpu/test_decisive_script.py runs.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -20,22 +21,7 @@ export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} PYTHONUNBUFFERED=1
 
 GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
 if [ "$GPUS" -gt 0 ]; then
-  NAME=decisive_bfcl_gpu
-  BFCL=$("$PY" -c "import bfcl_eval, pathlib; print(pathlib.Path(bfcl_eval.__file__).parent / 'data')")
-  BODY="inputs:
-  - {path: $BFCL/BFCL_v4_simple_python.json, format: bfcl}
-  - {path: $BFCL/BFCL_v4_live_simple.json, format: bfcl}
-sft: {model: $MODEL, steps: 48, learning_rate: 1.0e-4, batch_size: 4, max_length: 1024, dtype: auto, examples: auto}
-policy: {backend: vllm, device: cuda, model: sft, k: 8, temperature: 1.0, max_new_tokens: 80, seed: 0, dtype: auto,
-         engine_args: {gpu_memory_utilization: 0.3}}
-verifier: {default: {name: tool_call, strings: bfcl}}
-pivots: {lambda_diff: 0.6, seed: 0}
-training: {set: adv, init: sft, rollout_engine: vllm, num_generations: 4, max_completion_length: 80,
-           eval_fraction: 0.312, warmup_fraction: 0.339, eval_k: 4, eval_seed: 0, save_steps: 10, bootstrap: 2000,
-           grpo: {gradient_checkpointing: false}}
-ablation: {arms: [grpo_adv, grpo_cand], seeds: [0, 1, 2], epochs: 2, primary: profiled}
-runtime: {workers: 1}
-decisive: {learning_rate: 1.0e-5, half_width: 0.058}"
+  NAME=decisive_bfcl_gpu   # the config: configs/decisive_bfcl.yaml with the GPU's changes (bench/gpu/decisive_config.py)
 else
   NAME=decisive_cpu_slice
   BODY="sample: {n_trajectories: 12, seed: 3}
@@ -55,7 +41,11 @@ DATA=${DATA:-$ROOT/bench/data/$NAME}
 OUT=${OUT:-$ROOT/bench/RESULTS_$NAME.md}
 mkdir -p "$WORK" "$DATA"
 CONFIG="$WORK/$NAME.yaml"
-printf 'warehouse: %s/warehouse\n%s\n' "$WORK" "$BODY" > "$CONFIG"
+if [ "$GPUS" -gt 0 ]; then
+  "$PY" "$ROOT/bench/gpu/decisive_config.py" --model "$MODEL" --warehouse "$WORK/warehouse" > "$CONFIG"
+else
+  printf 'warehouse: %s/warehouse\n%s\n' "$WORK" "$BODY" > "$CONFIG"
+fi
 
 echo "== decisive on $([ "$GPUS" -gt 0 ] && echo "$GPUS GPU(s)" || echo "the CPU (a tiny slice)"): model $MODEL, units $DATA, work $WORK, slice ${SLICE_S} s"
 set +e

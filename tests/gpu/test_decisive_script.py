@@ -36,3 +36,36 @@ def test_the_cpu_slice_runs_to_the_report_and_resumes(tmp_path, tiny_model_dir):
     assert "## Results" in report and "**Verdict:" in report
     again = _invoke(tmp_path, tiny_model_dir, 600, "units")
     assert COUNT.search(again.stdout).groups() == ("0", "0", "0", "5")
+
+
+def test_the_gpu_config_is_the_cpu_design_with_the_gpu_changes_only(tmp_path):
+    """bench/gpu/decisive_config.py: every key of configs/decisive_bfcl.yaml kept except the listed GPU changes, the
+    model, the warehouse and the inputs' directory; the result passes the project's config validation."""
+    import importlib.util
+
+    import yaml
+
+    spec = importlib.util.spec_from_file_location("decisive_config", ROOT / "bench" / "gpu" / "decisive_config.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    base = yaml.safe_load(mod.BASE.read_text())
+    cfg = mod.gpu_config(base, model="org/name", warehouse=str(tmp_path / "wh"), bfcl_data=tmp_path / "bfcl")
+
+    assert cfg["policy"]["backend"] == "vllm" and cfg["policy"]["device"] == "cuda"
+    assert cfg["training"]["rollout_engine"] == "vllm" and cfg["sft"]["model"] == "org/name"
+    assert [Path(i["path"]).parent for i in cfg["inputs"]] == [tmp_path / "bfcl"] * len(base["inputs"])
+    assert cfg["ablation"] == base["ablation"] and cfg["pivots"] == base["pivots"]
+    assert cfg["decisive"]["sweep"] == base["decisive"]["sweep"] and "data" not in cfg["decisive"]
+    assert {k: cfg["training"][k] for k in base["training"]} == base["training"]
+
+    from pivot_assets.core.config import load_config
+
+    for spec_ in cfg["inputs"]:
+        Path(spec_["path"]).parent.mkdir(parents=True, exist_ok=True)
+        Path(spec_["path"]).write_text("[]")
+    decisive = cfg.pop("decisive")
+    path = tmp_path / "gpu.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    loaded = load_config(path)
+    assert loaded.policy.backend == "vllm" and loaded.training.rollout_engine == "vllm"
+    assert decisive["learning_rate"] == 1.0e-5
