@@ -1,5 +1,5 @@
 """The one Dagster entry point (workspace.yaml -> here). The config file is $PIVOT_CONFIG or ./pivot.yaml."""
 
-from pivot_assets.pipeline import build_definitions
+from pivot_jobs.definitions import build_definitions
 
 defs = build_definitions()

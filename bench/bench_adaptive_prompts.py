@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import dagster as dg  # noqa: E402
 import duckdb  # noqa: E402
 
-from pivot_assets.cli import main as pivot  # noqa: E402
+from pivot_jobs.cli import main as pivot  # noqa: E402
 from pivot_assets.policies import factory  # noqa: E402
 
 STAGES = "rollouts,rollout_rewards,turn_profiles,pivots_mixed"

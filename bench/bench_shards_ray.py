@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 
 from tests.scale.ray_head import start_ray_head  # noqa: E402
 
-PIVOT = [sys.executable, "-m", "pivot_assets.cli"]
+PIVOT = [sys.executable, "-m", "pivot_jobs.cli"]
 # A Ray job's start-up, step by step (profiling/ray_job.startup_figures), then the total to its first batch
 STARTUP = ("submitted_to_driver_s", "driver_boot_s", "pending_rows_s", "ray_data_start_s", "actor_spawn_s",
            "actor_boot_s", "actor_setup_s", "backend_build_s", "to_first_batch_s", "startup_s")

@@ -1,39 +1,12 @@
-"""Jobs over the asset graph: the whole pipeline, one job per phase for partial reruns, and the ablation."""
+"""What runs the pipeline, above the stages in pivot_assets (which never import it).
 
-from __future__ import annotations
+- `definitions`: the Dagster definitions built from one pivot.yaml (every stage's assets, the shared objects
+  resolved once) and `jobs`: the jobs over that asset graph.
+- `cli`: the `pivot` command; `runner`: in-process runs on the config's Dagster instance; `shard_runs`: profiling
+  in shards (local processes or Ray jobs); `supervisor`: the child process that a signal stops cleanly;
+  `preflight`: what a config names (models, inputs, verifiers, engines) checked before any asset runs.
+"""
 
-import dagster as dg
+from pivot_jobs.jobs import ABLATION_JOB, ABLATION_TAG, CODE_LOCATION, PHASE_GROUPS, PIPELINE_JOB, build_jobs
 
-PIPELINE_JOB = "pivot_pipeline"
-# workspace.yaml's location_name: `pivot run` labels its runs with it so the UI lists them under their job
-CODE_LOCATION = "pivot_curation"
-ABLATION_JOB = "ablation_job"
-# The ablation asset carries this tag (training/assets.py ABLATION_TAGS); it exists only in a config with an
-# `ablation:` section, so the selections below are empty (and the ablation never runs) without one.
-ABLATION_TAG = ("pivot/stage", "ablation")
-
-# Each phase is a group of assets (group_name on every asset definition).
-PHASE_GROUPS = {
-    "ingest_job": "ingest",
-    "profile_job": "profiling",
-    "curate_job": "curation",
-    "train_job": "training",
-}
-
-
-def build_jobs() -> list[dg.UnresolvedAssetJobDefinition]:
-    ablation = dg.AssetSelection.tag(*ABLATION_TAG)
-    jobs = [
-        dg.define_asset_job(
-            PIPELINE_JOB,
-            selection=dg.AssetSelection.all() - ablation,
-            description="Everything: trajectories -> turns -> profiles -> pivot sets -> training and eval.",
-        )
-    ]
-    for name, group in PHASE_GROUPS.items():
-        jobs.append(dg.define_asset_job(name, selection=dg.AssetSelection.groups(group) - ablation))
-    jobs.append(dg.define_asset_job(
-        ABLATION_JOB, selection=ablation.upstream().required_multi_asset_neighbors(),
-        description="The ablation (GRPO on D_adv / D_cand / D_mixed, exact-match reward, same-data SFT) and "
-                    "everything it needs; completion markers skip what is already trained."))
-    return jobs
+__all__ = ["ABLATION_JOB", "ABLATION_TAG", "CODE_LOCATION", "PHASE_GROUPS", "PIPELINE_JOB", "build_jobs"]

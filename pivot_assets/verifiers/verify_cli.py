@@ -1,4 +1,4 @@
-"""The scoring loop of `pivot verify` (pivot_assets/cli.py): JSONL pairs in, one verdict line per pair out.
+"""The scoring loop of `pivot verify` (pivot_jobs/cli.py): JSONL pairs in, one verdict line per pair out.
 
 Input lines:  {"expected_action": action, "candidate": raw text or action, "tools": [...]?, "state": [...]?,
                "domain": str?, "environment": {...}?, "earlier_calls": [[call, ...], ...]?}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pivot_assets.cli import main
+from pivot_jobs.cli import main
 from pivot_assets.core.config_reference import REGENERATE, schema_fields
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ import pivot_assets.training.split as training_split
 from pivot_assets.core import identity
 from pivot_assets.core.config import PivotConfig, PolicySection, TrainingSection, load_config
 from pivot_assets.core.identity import EVALUATION, ROLLOUTS, SAMPLING, TRAINING, In
-from pivot_assets.pipeline import resolve_shared, stage_builders
+from pivot_jobs.definitions import resolve_shared, stage_builders
 
 REPO = Path(__file__).resolve().parents[2]
 VARIANTS = {

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from pivot_assets.cli import check_parts
+from pivot_jobs.cli import check_parts
 from pivot_assets.core import parts
 from pivot_assets.core.catalog import REWARDS_SCHEMA, ROLLOUTS_SCHEMA
 from pivot_assets.core.config import load_config

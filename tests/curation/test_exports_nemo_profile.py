@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tests.curation.test_exports_streaming import profiled_warehouse
 
-from pivot_assets.cli import main
+from pivot_jobs.cli import main
 from pivot_assets.core.warehouse import Warehouse
 
 DATASET = "nemo-gym/resources_servers/single_step_tool_use_with_argument_comparison"

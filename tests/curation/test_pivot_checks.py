@@ -8,9 +8,9 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from pivot_assets.cli import main as pivot
-from pivot_assets.pipeline import build_definitions
-from pivot_assets.runner import run_assets
+from pivot_jobs.cli import main as pivot
+from pivot_jobs.definitions import build_definitions
+from pivot_jobs.runner import run_assets
 from pivot_assets.core.warehouse import Warehouse
 
 PIVOT_ASSETS = ["pivots_mixed", "pivots_adv", "pivots_cand", "pivot_selection_log", "pivot_dataset"]

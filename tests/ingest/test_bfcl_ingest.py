@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pivot_assets.cli import main as pivot
+from pivot_jobs.cli import main as pivot
 from pivot_assets.core.ids import canonical_json
 from pivot_assets.ingest import bfcl_records
 from pivot_assets.ingest.formats import ingest_to_tables

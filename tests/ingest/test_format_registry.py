@@ -86,7 +86,7 @@ def test_register_refuses_auto_and_another_modules_name():
 
 
 def test_pivot_run_ingests_the_toy_format_forced_and_detected(toy_format, tmp_path, monkeypatch, capsys):
-    from pivot_assets.cli import main as pivot
+    from pivot_jobs.cli import main as pivot
 
     forced = write_jsonl(tmp_path / "forced.jsonl", [toy_record(1), toy_record(2, 0.0),
                                                      {"dialogue": [["q", "x"], ["narrator", "y"]]}])

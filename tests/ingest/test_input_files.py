@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from pivot_assets.cli import main as pivot
+from pivot_jobs.cli import main as pivot
 from pivot_assets.ingest import files, streaming
 from pivot_assets.ingest.formats import ingest_to_tables
 

@@ -105,7 +105,7 @@ def test_airline_tools_cover_every_tool_the_sample_calls(shared_data_dir):
 
 @pytest.mark.slow
 def test_tau2_sample_profiled_with_airline_tools(shared_data_dir, tmp_path, monkeypatch, tiny_model_dir):
-    from pivot_assets.cli import main as pivot
+    from pivot_jobs.cli import main as pivot
     from pivot_assets.policies.models import load_tokenizer, render_prompt
 
     sample = shared_data_dir / "tau2-bench" / "airline_run1.json"

@@ -121,7 +121,7 @@ def test_sigterm_stops_pivot_run_and_a_rerun_resumes(tmp_path, tiny_model_dir, g
 SWALLOWED = r"""
 import gc, signal, sys, time, weakref
 from dagster._core.errors import DagsterExecutionInterruptedError
-from pivot_assets import supervisor
+from pivot_jobs import supervisor
 
 signal.signal(signal.SIGTERM, supervisor.raise_interrupt)  # as in a supervised worker
 if sys.argv[1] == "redeliver":

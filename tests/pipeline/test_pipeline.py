@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pivot_assets.cli import main as pivot
+from pivot_jobs.cli import main as pivot
 
 REPO = Path(__file__).resolve().parents[2]
 SNAPSHOT = Path(__file__).resolve().parent / "snapshots" / "definitions.txt"
@@ -47,7 +47,7 @@ def definitions_listing(defs) -> str:
 
 def test_definitions_snapshot(project):
     """The asset graph of the shipped pivot.yaml (regenerate: UPDATE_SNAPSHOTS=1 pytest this test)."""
-    from pivot_assets.pipeline import build_definitions
+    from pivot_jobs.definitions import build_definitions
 
     listing = definitions_listing(build_definitions(REPO / "pivot.yaml"))
     if os.environ.get("UPDATE_SNAPSHOTS"):
@@ -60,7 +60,7 @@ def test_definitions_snapshot(project):
 def test_building_definitions_imports_no_model_stack(tmp_path):
     """Every `pivot` command builds the definitions: torch, transformers, TRL and Great Expectations (seconds of
     imports) load only in the steps that use them."""
-    code = ("import sys; from pivot_assets.pipeline import build_definitions; build_definitions(sys.argv[1]); "
+    code = ("import sys; from pivot_jobs.definitions import build_definitions; build_definitions(sys.argv[1]); "
             "print(sorted(m for m in ('torch', 'transformers', 'trl', 'datasets', 'great_expectations') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code, str(REPO / "pivot.yaml")], capture_output=True, text=True,
                          cwd=tmp_path, env={**os.environ, "DAGSTER_HOME": str(tmp_path / "dh")}, check=True)

@@ -1,4 +1,4 @@
-"""`pivot run` checks what the config names before it materializes anything (pivot_assets/preflight.py): each
+"""`pivot run` checks what the config names before it materializes anything (pivot_jobs/preflight.py): each
 kind of user error stops the run with a non-zero exit and exactly one line on stderr, no traceback, no run."""
 
 import importlib.util
@@ -6,7 +6,7 @@ import importlib.util
 import dagster as dg
 import pytest
 
-from pivot_assets.cli import main as pivot
+from pivot_jobs.cli import main as pivot
 
 QUICK_POLICY = "k: 2, max_new_tokens: 8, limit_turns: 2"
 
@@ -120,7 +120,7 @@ def test_ingest_only_runs_load_no_model(project, capsys):
 
 def test_debug_shows_the_traceback(project):
     project(f"policy: {{model: org/not-fetched, {QUICK_POLICY}}}\n")
-    from pivot_assets.preflight import PreflightError
+    from pivot_jobs.preflight import PreflightError
 
     with pytest.raises(PreflightError, match="org/not-fetched"):
         pivot(["run", "--debug"])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pivot_assets.cli import main as pivot
+from pivot_jobs.cli import main as pivot
 from pivot_assets.core.config import PolicySection
 from pivot_assets.policies import hub
 from pivot_assets.policies.models import policy_fingerprint, resolve_model_dir

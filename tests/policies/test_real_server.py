@@ -77,7 +77,7 @@ def test_backend_counts_choices_and_asks_again(served):
 def test_profile_turns_through_the_pivot_cli(served, tmp_path, monkeypatch):
     """A few turns profiled by the pipeline (ingest -> rollouts -> rollout_rewards -> turn_profiles) with the
     served model: rollouts keyed by the openai fingerprint, K samples per turn, every sample scored."""
-    from pivot_assets.cli import main as pivot
+    from pivot_jobs.cli import main as pivot
 
     base_url, model, _ = served
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))

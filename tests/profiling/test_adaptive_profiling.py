@@ -13,7 +13,7 @@ import dagster as dg
 import duckdb
 import pytest
 
-from pivot_assets.cli import main as pivot
+from pivot_jobs.cli import main as pivot
 from pivot_assets.core.config import load_config
 from pivot_assets.profiling.adaptive import simulate
 from pivot_assets.profiling.profiler import Profiler, generation_requests, sample_seed

@@ -8,7 +8,7 @@ import dagster as dg
 import duckdb
 import pytest
 
-from pivot_assets.cli import main as pivot
+from pivot_jobs.cli import main as pivot
 from tests.crashes import kill_run_after_first_part
 
 pytestmark = pytest.mark.slow

@@ -23,7 +23,7 @@ def test_off_by_default_and_every_field_described():
 
 
 def graph(tmp_path, refresh: dict, **extra):
-    from pivot_assets.pipeline import build_definitions
+    from pivot_jobs.definitions import build_definitions
 
     cfg = load_config(REPO / "pivot.yaml", overrides={"warehouse": str(tmp_path / "wh"), "refresh": refresh, **extra})
     g = build_definitions(cfg).resolve_asset_graph()
@@ -44,7 +44,7 @@ def test_one_asset_per_round_each_below_the_one_before(tmp_path, monkeypatch):
 
 
 def test_round_code_versions_follow_the_refresh_identity(tmp_path, monkeypatch):
-    from pivot_assets.pipeline import build_definitions
+    from pivot_jobs.definitions import build_definitions
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
 
@@ -62,7 +62,7 @@ def test_round_code_versions_follow_the_refresh_identity(tmp_path, monkeypatch):
 
 def test_definitions_with_rounds_import_no_model_stack(tmp_path):
     (tmp_path / "pivot.yaml").write_text("refresh: {rounds: 2}\n")
-    code = ("import sys; from pivot_assets.pipeline import build_definitions; build_definitions(sys.argv[1]); "
+    code = ("import sys; from pivot_jobs.definitions import build_definitions; build_definitions(sys.argv[1]); "
             "print(sorted(m for m in ('torch', 'transformers', 'trl', 'datasets') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "pivot.yaml")], capture_output=True, text=True,
                          cwd=tmp_path, env={**os.environ, "DAGSTER_HOME": str(tmp_path / "dh")}, check=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from pivot_assets.cli import main as pivot
+from pivot_jobs.cli import main as pivot
 from tests.crashes import kill_run_after_first_part
 
 from .conftest import INGEST, PROFILING, materializations

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from pivot_assets.cli import main as pivot
+from pivot_jobs.cli import main as pivot
 from pivot_assets.profiling.shards import read_sql
 from tests.model_server import transformers_serve
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from pivot_assets.cli import main as pivot
+from pivot_jobs.cli import main as pivot
 
 from .conftest import INGEST, make_project
 from .ray_head import start_ray_head

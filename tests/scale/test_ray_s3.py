@@ -11,7 +11,7 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
-from pivot_assets.cli import main as pivot
+from pivot_jobs.cli import main as pivot
 from pivot_assets.core.config import load_config
 from pivot_assets.core.warehouse import Warehouse
 from pivot_assets.profiling.profiler import Profiler

@@ -22,9 +22,9 @@ import dagster as dg
 import duckdb
 import pytest
 
-from pivot_assets.cli import main as pivot
+from pivot_jobs.cli import main as pivot
 from pivot_assets.profiling.shards import shard_of
-from pivot_assets.supervisor import ORPHAN_GRACE_S
+from pivot_jobs.supervisor import ORPHAN_GRACE_S
 from tests.crashes import kill_parent_mid_run, kill_run_after_first_part, still_alive, wait_for
 
 from .conftest import (INGEST, K, PROFILING, assert_exactly_turns_x_k, expected_rows, make_project, materializations, project_warehouse,
@@ -147,7 +147,7 @@ def test_kill_9_of_a_shard_job_mid_write_then_rerun(tmp_path, ray_head, in_proje
     assert pivot(["run", "--select", INGEST]) == 0
     expected = expected_rows(project_warehouse(root), 2, limit)
     shard = max(expected, key=expected.get)  # the bigger shard: more parts to kill between
-    argv = [sys.executable, "-m", "pivot_assets.cli", "run", "--in-process", "--shard", f"{shard:03d}",
+    argv = [sys.executable, "-m", "pivot_jobs.cli", "run", "--in-process", "--shard", f"{shard:03d}",
             "--select", "rollouts"]
     proc = subprocess.Popen(argv, env={**os.environ, "PIVOT_SUPERVISED": "1"})
     seen: dict = {}
@@ -250,9 +250,9 @@ def test_kill_9_of_everything_mid_run_then_rerun_stops_the_orphaned_jobs(tmp_pat
 
 # -- a job that reports no data version fails its run --------------------------------------------------------------
 def test_a_job_reporting_no_data_version_fails_the_run(tmp_path, ray_head, in_project, monkeypatch, tiny_model_dir):
-    from pivot_assets.pipeline import build_definitions
+    from pivot_jobs.definitions import build_definitions
     from pivot_assets.profiling import assets as profiling_assets
-    from pivot_assets.runner import run_assets
+    from pivot_jobs.runner import run_assets
 
     root = in_project(make_project(tmp_path / "silent", ray_head, shards=2, limit_turns=2, batch_rows=2,
                                    model=tiny_model_dir))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from pivot_assets.cli import main as pivot
+from pivot_jobs.cli import main as pivot
 from tests.model_server import VLLM_TEST_ENGINE
 
 from .conftest import INGEST, K, assert_exactly_turns_x_k, materializations, project_warehouse

@@ -9,7 +9,7 @@ import pytest
 from pivot_assets.core.catalog import ROLLOUTS_SCHEMA
 from pivot_assets.core.config import ConfigError, PivotConfig, load_config
 from pivot_assets.core.warehouse import Warehouse
-from pivot_assets.pipeline import build_definitions
+from pivot_jobs.definitions import build_definitions
 from pivot_assets.profiling.profiler import (
     PER_SAMPLE,
     PER_TURN,
@@ -24,7 +24,7 @@ from pivot_assets.profiling.shards import (
     read_sql,
     shard_of,
 )
-from pivot_assets.runner import plan_runs
+from pivot_jobs.runner import plan_runs
 
 PROFILING = ("rollouts", "rollout_rewards", "turn_profiles")
 
@@ -154,7 +154,7 @@ def test_a_busy_shard_refuses_a_second_run(tmp_path, monkeypatch):
     """One run in flight per shard, also for runs the run queue never sees (`pivot run`, execute_in_process)."""
     from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
 
-    from pivot_assets.runner import run_assets
+    from pivot_jobs.runner import run_assets
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     (tmp_path / "home").mkdir()
@@ -177,7 +177,7 @@ def test_a_run_whose_process_is_gone_no_longer_blocks_its_shard(tmp_path, monkey
 
     from pivot_assets.core.parallel import process_token
     from pivot_assets.materialization import PROCESS_TAG
-    from pivot_assets.runner import run_assets
+    from pivot_jobs.runner import run_assets
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     (tmp_path / "home").mkdir()

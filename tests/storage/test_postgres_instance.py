@@ -141,7 +141,7 @@ def test_runs_starting_at_once_create_each_new_pool_once(tmp_path, postgres, mon
     none fails on the insert the others made (a shard run failed that way with a unique violation)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from pivot_assets.runner import create_pools
+    from pivot_jobs.runner import create_pools
 
     home = tmp_path / "dagster_home"
     home.mkdir()

@@ -6,7 +6,7 @@ import dagster as dg
 import yaml
 
 from pivot_assets.core.config import load_config
-from pivot_assets.pipeline import build_definitions
+from pivot_jobs.definitions import build_definitions
 
 
 def _defs(tmp_path, **sections):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from pivot_assets.cli import main as pivot
+from pivot_jobs.cli import main as pivot
 
 CONFIG = """
 warehouse: ./wh

@@ -158,7 +158,7 @@ def test_the_airline_run_is_ingested_with_its_environment_and_its_expert_calls_r
 @pytest.mark.skipif(not AIRLINE_RUN.is_file(), reason=f"the shared tau2 run is not at {AIRLINE_RUN}")
 def test_pivot_run_profiles_tau2_with_executed_state_and_a_verifier_change_regenerates_nothing(tmp_path, monkeypatch,
                                                                                                 tiny_model_dir):
-    from pivot_assets.cli import main as pivot
+    from pivot_jobs.cli import main as pivot
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
     monkeypatch.chdir(tmp_path)

@@ -16,7 +16,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from pivot_assets.cli import main as pivot
+from pivot_jobs.cli import main as pivot
 from pivot_assets.core.warehouse import Warehouse
 from pivot_assets.verifiers import Reason, build_verifier, verifier_names
 from pivot_assets.verifiers.code_version import code_hash

@@ -549,7 +549,7 @@ def test_verify_jsonl_verifier_override():
 
 
 def test_verify_jsonl_with_a_config_section():
-    """What `pivot verify --config` does with pivot.yaml's verifier section (the CLI itself is pivot_assets/cli.py)."""
+    """What `pivot verify --config` does with pivot.yaml's verifier section (the CLI itself is pivot_jobs/cli.py)."""
     section = {"default": {"name": "tool_call"}, "domains": {"swe": {"name": "tool_name"}}}
     lines = [_line(expected_action=call("f", a=1), candidate=hermes("f", b=1), domain="swe"),
              _line(expected_action=call("f", a=1), candidate=hermes("f", b=1)),

@@ -32,7 +32,7 @@ def stage_builders():
 
 
 def build_definitions(config: str | os.PathLike | PivotConfig | None = None) -> dg.Definitions:
-    from pivot_jobs import build_jobs
+    from pivot_jobs.jobs import build_jobs
 
     cfg = config if isinstance(config, PivotConfig) else load_config(config)
     wh, verifiers = resolve_shared(cfg)

@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from pivot_assets import supervisor
+from pivot_jobs import supervisor
 
 
 def _config(args):
@@ -26,8 +26,8 @@ def _config(args):
 def _defs_and_instance(args):
     import dagster as dg
 
-    from pivot_assets.pipeline import build_definitions
-    from pivot_assets.runner import ensure_dagster_home
+    from pivot_jobs.definitions import build_definitions
+    from pivot_jobs.runner import ensure_dagster_home
 
     cfg = _config(args)
     ensure_dagster_home(Path(cfg.base_dir))
@@ -36,7 +36,7 @@ def _defs_and_instance(args):
 
 
 def cmd_run(args) -> int:
-    from pivot_assets.runner import plan_runs, print_report, run_assets
+    from pivot_jobs.runner import plan_runs, print_report, run_assets
 
     cfg, defs, instance = _defs_and_instance(args)
     shard = getattr(args, "shard", None)  # `pivot ablate` has no --shard
@@ -53,13 +53,13 @@ def cmd_run(args) -> int:
     keys = sorted({k for k, _ in targets}, key=lambda k: k.to_user_string())
     defs = _preflight(cfg, defs, keys)
     if shard is not None:  # a shard run's rollouts step checks its own shard's parts
-        from pivot_assets.shard_runs import run_one_shard
+        from pivot_jobs.shard_runs import run_one_shard
 
         return run_one_shard(cfg, defs, instance, shard, args.select)
     set_aside_damaged_parts(cfg)
     plan = plan_runs(defs, targets)
     if plan.shards:
-        from pivot_assets.shard_runs import run_sharded
+        from pivot_jobs.shard_runs import run_sharded
 
         return run_sharded(cfg, defs, instance, plan, args.config, forced=args.stale)
     print(f"materializing {len(keys)} assets: {', '.join(k.to_user_string() for k in keys)}", file=sys.stderr)
@@ -73,7 +73,7 @@ def cmd_run(args) -> int:
 def _run_targets(args, defs, instance) -> list:
     """(asset key, partition or None) the run materializes: the selection, or with --stale the stale assets (and
     shards) with the rest of their multi-assets; empty when nothing is stale."""
-    from pivot_assets.runner import parse_selection, stale_targets
+    from pivot_jobs.runner import parse_selection, stale_targets
 
     if not args.stale:
         return [(k, None) for k in parse_selection(defs, args.select)]
@@ -88,9 +88,9 @@ def _run_targets(args, defs, instance) -> list:
 def _preflight(cfg, defs, keys):
     """Check what the config names before anything runs (preflight.py); the definitions to run with, built again
     when a Hub model was downloaded just now (its commit is in the rollouts' code version)."""
-    from pivot_assets import preflight
-    from pivot_assets.pipeline import build_definitions
-    from pivot_assets.runner import selection_groups
+    from pivot_jobs import preflight
+    from pivot_jobs.definitions import build_definitions
+    from pivot_jobs.runner import selection_groups
 
     fetched = preflight.check_run(cfg, selection_groups(defs, keys))
     return build_definitions(cfg) if fetched else defs
@@ -108,7 +108,7 @@ def cmd_ablate(args) -> int:
 
 
 def cmd_stale(args) -> int:
-    from pivot_assets.runner import stale_assets
+    from pivot_jobs.runner import stale_assets
 
     _, defs, instance = _defs_and_instance(args)
     rows = stale_assets(defs, instance)
@@ -288,7 +288,7 @@ def ui_workspace(home: Path) -> Path:
     from pivot_jobs import CODE_LOCATION
 
     path = home / "workspace.yaml"
-    path.write_text("load_from:\n  - python_module:\n      module_name: pivot_assets.pipeline\n"
+    path.write_text("load_from:\n  - python_module:\n      module_name: pivot_jobs.definitions\n"
                     f"      attribute: definitions\n      location_name: {CODE_LOCATION}\n"
                     f"      working_directory: {json.dumps(str(Path.cwd()))}\n")
     return path
@@ -300,7 +300,7 @@ def cmd_ui(args) -> int:
     import subprocess
 
     from pivot_assets.core.config import resolve_config_path
-    from pivot_assets.runner import ensure_dagster_home
+    from pivot_jobs.runner import ensure_dagster_home
 
     cfg = _config(args)  # a bad config is one line here, not a stack trace in the webserver
     home = ensure_dagster_home(Path(cfg.base_dir))
@@ -329,7 +329,7 @@ def _after_kill(argv: list[str], run_id: str) -> None:
     """After the supervisor killed `pivot run`'s worker: remove the temp files it left, mark its run canceled."""
     cfg = _config(build_parser().parse_args(argv))
     from pivot_assets.core.warehouse import Warehouse
-    from pivot_assets.runner import cancel_run, ensure_dagster_home
+    from pivot_jobs.runner import cancel_run, ensure_dagster_home
 
     Warehouse(cfg.warehouse_dir).clean_all_temp_files()
     ensure_dagster_home(Path(cfg.base_dir))
@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-if __name__ == "__main__":  # `python -m pivot_assets.cli`: the supervised child, or a direct in-process call
+if __name__ == "__main__":  # `python -m pivot_jobs.cli`: the supervised child, or a direct in-process call
     code = main()
     if supervisor.is_supervised():
         supervisor.exit_now(code)

@@ -25,7 +25,7 @@ STOP_GRACE_S = float(os.environ.get("PIVOT_STOP_GRACE_S", "3"))
 # A child whose parent died stops cleanly on SIGTERM; one still alive this long after is SIGKILLed (long enough
 # for the worker to stop its own shard runs first, each within STOP_GRACE_S).
 ORPHAN_GRACE_S = 2 * STOP_GRACE_S + 2
-CHILD = [sys.executable, "-m", "pivot_assets.cli"]  # the command line of a worker: `pivot` in this interpreter
+CHILD = [sys.executable, "-m", "pivot_jobs.cli"]  # the command line of a worker: `pivot` in this interpreter
 
 
 def is_supervised() -> bool:
