@@ -11,7 +11,8 @@
 # two passes over D_adv per arm, the CPU sweep's lr 1e-5), derived by bench/gpu/decisive_config.py: profiling and
 # evaluation on vLLM, GRPO's completions from the same vLLM engine (training.rollout_engine vllm), the trainer on the
 # GPU. Without CUDA it runs a tiny slice of the same chain
-# on the CPU (the built-in sample, transformers, one seed), which tests/gpu/test_decisive_script.py runs.
+# on the CPU (the built-in sample, transformers, one seed, a two-rate sweep), which
+# tests/training/test_decisive.py runs.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
@@ -34,7 +35,8 @@ training: {set: adv, init: sft, num_generations: 2, max_completion_length: 8, ev
            grpo: {gradient_checkpointing: false}}
 ablation: {arms: [grpo_adv, grpo_cand], seeds: [0], epochs: 1, primary: profiled}
 runtime: {workers: 1}
-decisive: {learning_rate: 1.0e-3, half_width: 0.5}"
+decisive: {learning_rate: sweep, half_width: 0.5,
+           sweep: {learning_rates: [1.0e-3, 1.0e-2], seed: 5, epochs: 0.5, items: 3, eval_k: 2, tie: 0.0}}"
 fi
 WORK=${WORK:-/tmp/$NAME}
 DATA=${DATA:-$ROOT/bench/data/$NAME}

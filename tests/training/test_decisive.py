@@ -1,6 +1,7 @@
-"""bench/decisive.py on a tiny slice: the runner finishes, its report comes from the unit files alone (the same text
-with the warehouse deleted), and a run killed with -9 after its first unit file resumes without recomputing any unit
-whose file existed."""
+"""bench/decisive.py on a tiny slice, driven through bench/gpu/decisive.sh's CPU slice (the built-in sample, the tiny
+policy, one seed, a two-rate sweep): a slice cut by its time limit ends in one line with rc 0 and the next invocation
+completes the run; its report comes from the unit files alone (the same text with the warehouse deleted); a run
+killed with -9 after its first unit file resumes without recomputing any unit whose file existed."""
 
 from __future__ import annotations
 
@@ -17,31 +18,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNNER = ROOT / "bench" / "decisive.py"
-
-CONFIG = """\
-warehouse: ./wh
-sample: {n_trajectories: 12, seed: 3}
-sft: {model: MODEL, steps: 2, batch_size: 2, max_length: 1024}
-policy: {backend: transformers, model: sft, k: 2, max_new_tokens: 12, dtype: bfloat16, device: cpu}
-verifier:
-  default: {name: string_similarity, graded: true, facts: ignore}
-pivots: {lambda_diff: 0.95, max_per_trajectory: 1}
-training: {set: adv, init: sft, num_generations: 2, max_completion_length: 8, eval_fraction: 0.4,
-           warmup_fraction: 0.3, eval_k: 2, eval_max_turns: 6, bootstrap: 200}
-ablation: {arms: [grpo_adv, grpo_cand], seeds: [0], epochs: 1, primary: profiled}
-runtime: {workers: 1}
-decisive:
-  learning_rate: sweep
-  half_width: 0.5
-  sweep: {learning_rates: [1.0e-3, 1.0e-2], seed: 5, epochs: 0.5, items: 3, eval_k: 2, tie: 0.0}
-"""
+SCRIPT = ROOT / "bench" / "gpu" / "decisive.sh"
+SLICE_CONFIG = "decisive_cpu_slice.yaml"  # what the script writes into its WORK dir without CUDA
 UNITS = 2 + 3  # train: 2 arms x 1 seed; eval: (reference + 2 arms) x 1 draw
 COUNT = re.compile(r"decisive: computed (\d+) unit\(s\) \(train (\d+), eval (\d+)\); (\d+) already present")
 
 
 def _cmd(config: Path, data: Path, work: Path, out: Path, *extra: str) -> list[str]:
     return [sys.executable, str(RUNNER), "--config", str(config), "--data", str(data), "--work", str(work),
-            "--out", str(out), "--png", str(out.with_suffix(".png")), *extra]
+            "--out", str(out), "--png", str(out.with_name(f"{out.stem}_curves.png")), *extra]  # as the script names it
 
 
 def _env() -> dict:
@@ -51,6 +36,14 @@ def _env() -> dict:
 def _run(cmd: list[str]) -> str:
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc.stdout
+
+
+def _script(model: Path, slice_s: int, data: Path, work: Path, out: Path) -> str:
+    env = {**_env(), "MODEL": str(model), "SLICE_S": str(slice_s), "WORK": str(work), "DATA": str(data),
+           "OUT": str(out), "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc.stdout
 
 
@@ -67,17 +60,18 @@ def _sweep_units(data: Path) -> dict[str, int]:
 
 
 @pytest.mark.slow
-def test_runner_reports_from_units_alone_and_resumes_after_kill(tmp_path, tiny_model_dir):
+def test_the_cpu_slice_resumes_reports_from_units_alone_and_survives_kill_9(tmp_path, tiny_model_dir):
     import polars as pl
 
-    config = tmp_path / "tiny.yaml"
-    config.write_text(CONFIG.replace("MODEL", str(tiny_model_dir)))
     data, work, out = tmp_path / "data", tmp_path / "work", tmp_path / "out.md"
-
-    # 1. to completion: every unit computed, the report written
-    stdout = _run(_cmd(config, data, work, out))
+    # 1. a slice cut by its limit (phase (a) alone takes longer than 8 s): one line, rc 0; the next one completes
+    cut = _script(tiny_model_dir, 8, data, work, out)
+    assert "slice over after 8 s" in cut and "run it again to continue" in cut
+    stdout = _script(tiny_model_dir, 600, data, work, out)
+    config = tmp_path / SLICE_CONFIG
+    shutil.copy(work / SLICE_CONFIG, config)
     computed, train, ev, present = map(int, COUNT.search(stdout).groups())
-    assert (computed, train, ev, present) == (UNITS, 2, 3, 0)
+    assert (train, ev) == (2, 3) and computed + present == UNITS
     assert len(_units(data)) == UNITS and not list(data.glob(".*.tmp"))
     steps = pl.read_parquet(data / "train_grpo_adv_s0.parquet")
     assert {"step", "reward_mean", "frac_reward_zero_std", "useful", "loss", "train_s"} <= set(steps.columns)
@@ -99,7 +93,7 @@ def test_runner_reports_from_units_alone_and_resumes_after_kill(tmp_path, tiny_m
     sweep_eval = pl.read_parquet(data / "sweep_eval_reference.parquet")
     held_out = set(samples["turn_id"].to_list())
     assert sweep_eval["turn_id"].n_unique() <= 3 and not set(sweep_eval["turn_id"].to_list()) & held_out
-    assert out.with_suffix(".png").stat().st_size > 0
+    assert (tmp_path / "out_curves.png").stat().st_size > 0
 
     # 2. the report from the unit files alone: the warehouse gone, the same numbers
     work2 = tmp_path / "work2"  # a copy without the arms' models: the killed run below trains them again
@@ -112,7 +106,12 @@ def test_runner_reports_from_units_alone_and_resumes_after_kill(tmp_path, tiny_m
     assert COUNT.search(again).groups() == ("0", "0", "0", str(UNITS)) and not work.exists()
 
     # 3. killed with -9 when its first unit file appears, then rerun: no unit whose file existed is recomputed
+    # (the sweep's units given: the run starts at its arms)
     data2, out2 = tmp_path / "data2", tmp_path / "out2.md"
+    data2.mkdir()
+    for name in _sweep_units(data):
+        shutil.copy2(data / name, data2 / name)
+    sweep_before = _sweep_units(data2)
     proc = subprocess.Popen(_cmd(config, data2, work2, out2), cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -133,4 +132,5 @@ def test_runner_reports_from_units_alone_and_resumes_after_kill(tmp_path, tiny_m
     after = _units(data2)
     assert len(after) == UNITS
     assert {name: after[name] for name in before} == before  # not rewritten
+    assert _sweep_units(data2) == sweep_before
     assert not list(data2.glob(".*.tmp"))
