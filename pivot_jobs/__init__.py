@@ -7,6 +7,13 @@
   `preflight`: what a config names (models, inputs, verifiers, engines) checked before any asset runs.
 """
 
-from pivot_jobs.jobs import ABLATION_JOB, ABLATION_TAG, CODE_LOCATION, PHASE_GROUPS, PIPELINE_JOB, build_jobs
+from pivot_jobs.jobs import (
+    ABLATION_JOB,
+    ABLATION_TAG,
+    CODE_LOCATION,
+    PHASE_GROUPS,
+    PIPELINE_JOB,
+    build_jobs,
+)
 
 __all__ = ["ABLATION_JOB", "ABLATION_TAG", "CODE_LOCATION", "PHASE_GROUPS", "PIPELINE_JOB", "build_jobs"]

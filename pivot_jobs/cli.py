@@ -26,19 +26,21 @@ def _config(args):
 def _defs_and_instance(args):
     import dagster as dg
 
+    from pivot_assets.shared import resolve_shared
     from pivot_jobs.definitions import build_definitions
     from pivot_jobs.runner import ensure_dagster_home
 
     cfg = _config(args)
     ensure_dagster_home(Path(cfg.base_dir))
-    defs = build_definitions(cfg)
-    return cfg, defs, dg.DagsterInstance.get()
+    shared = resolve_shared(cfg)
+    return shared, build_definitions(cfg, shared), dg.DagsterInstance.get()
 
 
 def cmd_run(args) -> int:
     from pivot_jobs.runner import plan_runs, print_report, run_assets
 
-    cfg, defs, instance = _defs_and_instance(args)
+    shared, defs, instance = _defs_and_instance(args)
+    cfg = shared.cfg
     shard = getattr(args, "shard", None)  # `pivot ablate` has no --shard
     if args.missing and not args.stale:
         raise ValueError("--missing goes with --stale")
@@ -56,7 +58,7 @@ def cmd_run(args) -> int:
         from pivot_jobs.shard_runs import run_one_shard
 
         return run_one_shard(cfg, defs, instance, shard, args.select)
-    set_aside_damaged_parts(cfg)
+    set_aside_damaged_parts(shared.warehouse)
     plan = plan_runs(defs, targets)
     if plan.shards:
         from pivot_jobs.shard_runs import run_sharded
@@ -184,13 +186,12 @@ def cmd_check(args) -> int:
     return 0 if ok else 1
 
 
-def set_aside_damaged_parts(cfg) -> None:
+def set_aside_damaged_parts(wh) -> None:
     """Before a run reads any table (views are refreshed by its first step): damaged parts of the tables it
     regenerates are set aside by their footers and records (core/parts.py); `rollouts` checks the checksums too."""
     from pivot_assets.core.parts import DAMAGED_DIR, repair
-    from pivot_assets.core.warehouse import Warehouse
 
-    for problem in repair(Warehouse(cfg.warehouse_dir), checksum=False):
+    for problem in repair(wh, checksum=False):
         print(f"set aside {problem.line()} (kept under {DAMAGED_DIR}/); this run regenerates its rows", file=sys.stderr)
 
 

@@ -1,7 +1,7 @@
 """Builds the Dagster definitions from one parsed pivot.yaml.
 
-The config is parsed once, here, and the objects every stage shares are resolved once from it: the warehouse
-and the verifier sets (verifiers/sets.py: profiling, reward, exact; a bad verifier is a ConfigError here, at load).
+The config is parsed once, here, and the objects every stage shares are resolved once from it
+(pivot_assets/shared.py: the warehouse and the verifier sets; a bad verifier is a ConfigError here, at load).
 Every stage's `build_assets(cfg, wh, verifiers)` takes them and its assets close over them, so code versions
 (computed at load) and asset bodies (run with the same objects) can never disagree. Editing pivot.yaml takes
 effect on the usual code-location reload (or the next `pivot` command).
@@ -15,8 +15,7 @@ import dagster as dg
 
 from pivot_assets.core.config import PivotConfig, load_config
 from pivot_assets.core.ids import canonical_json, short_hash
-from pivot_assets.core.warehouse import Warehouse
-from pivot_assets.verifiers import VerifierSets
+from pivot_assets.shared import Shared, resolve_shared
 
 
 def stage_builders():
@@ -31,11 +30,15 @@ def stage_builders():
             refresh.build_assets]
 
 
-def build_definitions(config: str | os.PathLike | PivotConfig | None = None) -> dg.Definitions:
+def build_definitions(config: str | os.PathLike | PivotConfig | None = None, shared: Shared | None = None
+                      ) -> dg.Definitions:
+    """`shared`: the run's shared objects when the caller resolved them already (a `pivot` command: one warehouse
+    and one set of verifiers per command)."""
     from pivot_jobs.jobs import build_jobs
 
     cfg = config if isinstance(config, PivotConfig) else load_config(config)
-    wh, verifiers = resolve_shared(cfg)
+    shared = shared or resolve_shared(cfg)
+    wh, verifiers = shared.warehouse, shared.verifiers
     assets, checks = [], []
     for build in stage_builders():
         for d in build(cfg, wh, verifiers):
@@ -50,11 +53,6 @@ def definitions() -> dg.Definitions:
     """The definitions of $PIVOT_CONFIG (else ./pivot.yaml): what a workspace's `python_module` entry loads (Dagster
     calls an attribute that is a function with no parameters; `pivot ui` writes such a workspace)."""
     return build_definitions()
-
-
-def resolve_shared(cfg: PivotConfig) -> tuple[Warehouse, VerifierSets]:
-    """What every stage's build_assets takes beside the config: the warehouse and the verifier sets."""
-    return Warehouse(cfg.warehouse_dir), VerifierSets.from_config(cfg)
 
 
 def chain_code_versions(assets: list) -> list:

@@ -89,7 +89,11 @@ def check_model(cfg: PivotConfig, key: str, model: str) -> bool:
     """`embedded` installed, a local dir with config.json, or a Hub id resolved (policies/hub.py); True when a Hub
     id was downloaded now. The embedded model is only located: its conversion (30 s) is the first step's."""
     from pivot_assets.policies.hub import pinned_id
-    from pivot_assets.policies.models import EMBEDDED, embedded_gguf_path, resolve_model_dir
+    from pivot_assets.policies.models import (
+        EMBEDDED,
+        embedded_gguf_path,
+        resolve_model_dir,
+    )
 
     pinned = pinned_id(model)
     try:

@@ -128,7 +128,9 @@ def job_for(defs: dg.Definitions, keys: list[dg.AssetKey], partitioned: bool = F
 def run_labels(job: dg.JobDefinition) -> dict[str, str]:
     """The tag the UI finds a run's code location by: without it a run of a named job is missing from the job's
     page and the Overview timeline (an in-process run has no location of its own)."""
-    from dagster._core.definitions.repository_definition.valid_definitions import SINGLETON_REPOSITORY_NAME
+    from dagster._core.definitions.repository_definition.valid_definitions import (
+        SINGLETON_REPOSITORY_NAME,
+    )
     from dagster._core.storage.tags import REPOSITORY_LABEL_TAG
 
     from pivot_jobs import CODE_LOCATION
@@ -142,11 +144,11 @@ def run_assets(defs: dg.Definitions, keys: list[dg.AssetKey], instance: dg.Dagst
                run_id: str | None = None, partition_key: str | None = None) -> RunReport:
     """One run of `keys` (of one shard's partition when partition_key is given)."""
     job = job_for(defs, keys, partitioned=partition_key is not None)
-    from pivot_assets.curation.contracts import prewarm
-
     # Great Expectations imports in the background while the first steps run; sqlalchemy.orm, which it and
     # Dagster's instance queries both import lazily, is imported here first so the two threads never race on it.
     import sqlalchemy.orm  # noqa: F401
+
+    from pivot_assets.curation.contracts import prewarm
 
     prewarm()
     create_pools(instance, job.graph.pools)
@@ -218,8 +220,14 @@ def stale_targets(defs: dg.Definitions, instance: dg.DagsterInstance,
     include_missing: `pivot run --stale` reruns what exists and never starts a stage nobody asked for (a
     verifier change must not launch SFT on a profiling-only warehouse).
     """
-    from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
-    from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
+    from dagster._core.asset_graph_view.asset_graph_view import (
+        AssetGraphView,
+        TemporalContext,
+    )
+    from dagster._core.definitions.data_version import (
+        CachingStaleStatusResolver,
+        StaleStatus,
+    )
     from dagster._time import get_current_datetime
 
     graph = defs.resolve_asset_graph()

@@ -15,7 +15,13 @@ import sys
 import time
 import uuid
 
-from pivot_jobs.runner import cancel_run, parse_selection, print_report, run_assets, stale_targets
+from pivot_jobs.runner import (
+    cancel_run,
+    parse_selection,
+    print_report,
+    run_assets,
+    stale_targets,
+)
 from pivot_jobs.supervisor import CHILD, PARENT_PID, RUN_ID, SUPERVISED, stop_children
 
 RAY_HEAD_CHECKED = "PIVOT_RAY_HEAD_CHECKED"  # set by `pivot run` for its shard runs: the Ray head passed the preflight

@@ -25,7 +25,7 @@ import time
 
 from pivot_assets.core.config import PivotConfig
 from pivot_assets.core.parallel import process_started_at
-from pivot_assets.core.warehouse import Warehouse
+from pivot_assets.shared import Shared, resolve_shared
 
 from .profiler import Profiler, policy_model, turn_chunks
 from .shards import shard_data_version, shard_row_count
@@ -141,12 +141,13 @@ def startup_figures(clock: dict, out: list[dict]) -> dict:
     return figures
 
 
-def generate_shard(cfg: PivotConfig, shard: int | None, log=print, clock: dict | None = None) -> dict:
+def generate_shard(shared: Shared, shard: int | None, log=print, clock: dict | None = None) -> dict:
     """Generate every pending row of the shard on the Ray cluster this process is attached to. `clock`: when the
     job was submitted and its driver started (epoch seconds), for the start-up figures."""
+    cfg = shared.cfg
 
     clock = {"process_at": process_started_at() or time.time(), "main_at": time.time(), **(clock or {})}
-    profiler = Profiler.for_config(cfg, shard=shard)
+    profiler = Profiler.for_config(cfg, shared.verifiers.profiling, shard=shard, wh=shared.warehouse)
     t0 = time.perf_counter()
     skipped = profiler.guard_prompts(log)  # before the actors start: their profilers leave out what it lists
     rows = profiler.pending_samples()
@@ -255,10 +256,10 @@ def main() -> None:
     from dagster_pipes import open_dagster_pipes
 
     with open_dagster_pipes() as pipes:
-        cfg = PivotConfig.model_validate(pipes.get_extra("config"))
+        shared = resolve_shared(PivotConfig.model_validate(pipes.get_extra("config")))
         shard = pipes.get_extra("shard")
-        stats = generate_shard(cfg, shard, log=pipes.log.info, clock={"submitted_at": pipes.get_extra("submitted_at")})
-        wh = Warehouse(cfg.warehouse_dir)
+        stats = generate_shard(shared, shard, log=pipes.log.info, clock={"submitted_at": pipes.get_extra("submitted_at")})
+        wh = shared.warehouse
         version = shard_data_version(wh, "rollouts", shard) if shard is not None else wh.data_version("rollouts")
         rows = shard_row_count(wh, "rollouts", shard) if shard is not None else None
         metadata = {**stats, **({"dagster/row_count": rows} if rows is not None else {})}

@@ -203,15 +203,15 @@ def _train_arm_job(root: str, cfg: "PivotConfig", arm: str, seed: int) -> dict:
     import sys
 
     from pivot_assets.core.hardware import configure_torch
-    from pivot_assets.core.warehouse import Warehouse
-    from pivot_assets.verifiers import VerifierSets
+    from pivot_assets.shared import resolve_shared
 
     configure_torch(cfg.runtime.threads)
 
     def log(message: str) -> None:
         print(f"[ablation {arm} s{seed}] {message}", file=sys.stderr, flush=True)
 
-    return train_arm(Warehouse(root), cfg, arm, seed, VerifierSets.from_config(cfg), log)
+    shared = resolve_shared(cfg, root)
+    return train_arm(shared.warehouse, cfg, arm, seed, shared.verifiers, log)
 
 
 def ablation_policies(wh: "Warehouse", cfg: "PivotConfig"):

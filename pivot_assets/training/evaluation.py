@@ -591,13 +591,12 @@ def _policy_scores_job(root: str, cfg: "PivotConfig", model: str, model_fp: str,
     import sys
 
     from pivot_assets.core.hardware import configure_torch
-    from pivot_assets.core.warehouse import Warehouse
-    from pivot_assets.verifiers import VerifierSets
+    from pivot_assets.shared import resolve_shared
 
     configure_torch(cfg.runtime.threads)
     name = Path(model).name if "/" in model else model
-    verifiers = VerifierSets.from_config(cfg).profiling
-    return policy_scores(Warehouse(root), cfg, model, model_fp, draws, rows, probe, verifiers,
+    shared = resolve_shared(cfg, root)
+    return policy_scores(shared.warehouse, cfg, model, model_fp, draws, rows, probe, shared.verifiers.profiling,
                          lambda m: print(f"[evaluation {name}] {m}", file=sys.stderr, flush=True))
 
 

@@ -21,12 +21,12 @@ def result_message(result: dict) -> dict:
 
 def run_stage(stage: str, config_json: Path, log) -> dict:
     from pivot_assets.core.config import PivotConfig
-    from pivot_assets.core.warehouse import Warehouse
-    from pivot_assets.verifiers import VerifierSets
+    from pivot_assets.shared import resolve_shared
 
     cfg = PivotConfig.model_validate_json(config_json.read_text())
     cfg = cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={"threads": launch_threads(cfg.runtime.threads)})})
-    wh, verifiers = Warehouse(cfg.warehouse_dir), VerifierSets.from_config(cfg)  # as pipeline.resolve_shared
+    shared = resolve_shared(cfg)
+    wh, verifiers = shared.warehouse, shared.verifiers
     if stage == "grpo":
         from .grpo import run_local_grpo
 

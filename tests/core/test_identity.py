@@ -17,9 +17,15 @@ from pydantic import create_model
 import pivot_assets.training.runs as runs
 import pivot_assets.training.split as training_split
 from pivot_assets.core import identity
-from pivot_assets.core.config import PivotConfig, PolicySection, TrainingSection, load_config
+from pivot_assets.core.config import (
+    PivotConfig,
+    PolicySection,
+    TrainingSection,
+    load_config,
+)
 from pivot_assets.core.identity import EVALUATION, ROLLOUTS, SAMPLING, TRAINING, In
-from pivot_jobs.definitions import resolve_shared, stage_builders
+from pivot_assets.shared import resolve_shared
+from pivot_jobs.definitions import stage_builders
 
 REPO = Path(__file__).resolve().parents[2]
 VARIANTS = {
@@ -127,7 +133,8 @@ def identity_values(cfg) -> dict:
     from pivot_assets.training.evaluation import eval_key, local_key, ood_key
 
     out = {}
-    wh, verifiers = resolve_shared(cfg)
+    shared = resolve_shared(cfg)
+    wh, verifiers = shared.warehouse, shared.verifiers
     for build in stage_builders():
         for d in build(cfg, wh, verifiers):
             for spec in getattr(d, "specs", []):
