@@ -172,11 +172,12 @@ def main() -> None:
             result = warm_up(cfg, warmup_items, args.warmup_steps, Path(model))
             policy = (f"the embedded SmolLM2-135M after a {args.warmup_steps}-step SFT warm-up on other BFCL items "
                       f"(final loss {result['final_loss']:.3f})")
-        from pivot_assets.policies.vllm_backend import vllm_missing
+        from pivot_assets.core.engines import missing
 
         variants = args.variants.split(",")
-        if vllm_missing() and any(VARIANTS[v][0] == "vllm" for v in variants):
-            print(f"the vllm variants are skipped: {vllm_missing()}", flush=True)
+        absent = missing("vllm")
+        if absent and any(VARIANTS[v][0] == "vllm" for v in variants):
+            print(f"the vllm variants are skipped: {absent}", flush=True)
             variants = [v for v in variants if VARIANTS[v][0] != "vllm"]
         rows = []
         for variant in variants:

@@ -248,11 +248,11 @@ def engines_side_by_side(args) -> None:
     from pivot_assets.core.hardware import describe_cpu, resolve_dtype
     from pivot_assets.core.warehouse import Warehouse
     from pivot_assets.policies.base import SamplingConfig
-    from pivot_assets.policies.vllm_backend import vllm_missing
+    from pivot_assets.core.engines import missing
     from pivot_assets.profiling.profiler import generation_requests, select_turns
 
-    if vllm_missing():
-        sys.exit(vllm_missing())
+    if missing("vllm"):
+        sys.exit(missing("vllm"))
     load_start = os.getloadavg()
     dtype = resolve_dtype(args.dtype, "cpu").dtype
     engine_args = {"kv_cache_memory_bytes": 2 << 30, "max_model_len": 8192, **({} if args.compile else {"enforce_eager": True})}

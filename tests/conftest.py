@@ -121,9 +121,9 @@ def _skip_vllm_where_missing(items) -> None:
     marked = [item for item in items if item.get_closest_marker("vllm")]
     if not marked:
         return
-    from pivot_assets.policies.vllm_backend import vllm_missing
+    from pivot_assets.core.engines import missing
 
-    reason = vllm_missing()
+    reason = missing("vllm")
     for item in marked if reason else []:
         item.add_marker(pytest.mark.skip(reason=reason))
 

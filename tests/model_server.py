@@ -92,10 +92,10 @@ def vllm_serve(model_dir: Path, log: Path, dtype: str = "float32") -> Iterator[S
     """Serve `model_dir` with vLLM's OpenAI server on a free 127.0.0.1 port until the block ends. Its own session
     (stopped with its engine core by the group's id); the engine core gets one unbound OpenMP thread, as the
     in-process backend's does. Tool calls are parsed (hermes): vLLM refuses requests with tools otherwise."""
-    from pivot_assets.policies.vllm_backend import vllm_missing
+    from pivot_assets.core.engines import missing
 
-    if vllm_missing():
-        pytest.skip(vllm_missing())
+    if missing("vllm"):
+        pytest.skip(missing("vllm"))
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()

@@ -78,10 +78,16 @@ def installed(engine: str) -> bool:
     return missing(engine) is None
 
 
+def absent_packages(engine: str) -> list[str]:
+    """The packages the engine needs that are not importable in this interpreter (a spec lookup: nothing is
+    imported). The one check of whether an engine is installed: `missing` here, and a Ray job's own preflight."""
+    return [p for p in capabilities(engine).packages if importlib.util.find_spec(p) is None]
+
+
 def missing(engine: str) -> str | None:
     """Why the engine cannot run here, in one line with how to install it; None when it can."""
     caps = capabilities(engine)
-    absent = [p for p in caps.packages if importlib.util.find_spec(p) is None]
+    absent = absent_packages(engine)
     if not absent:
         return None
     what = "" if absent == [engine] else f" ({', '.join(absent)} missing)"

@@ -7,16 +7,22 @@ import io
 from pathlib import Path
 
 
-def _figure():
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (no display on a server or in a worker process)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _figure():
+    plt = pyplot()
     return plt, plt.subplots(figsize=(6, 3.2), dpi=100)
 
 
-def _png(plt, fig) -> bytes:
+def figure_png(plt, fig) -> bytes:
     buf = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buf, format="png")
@@ -30,7 +36,7 @@ def histogram_png(values: list[float], *, bins: int = 10, title: str, xlabel: st
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("turns")
-    return _png(plt, fig)
+    return figure_png(plt, fig)
 
 
 def bars_png(labels: list[str], values: list[float], *, title: str, ylabel: str) -> bytes:
@@ -42,7 +48,7 @@ def bars_png(labels: list[str], values: list[float], *, title: str, ylabel: str)
                     fontsize=8)
     ax.set_title(title)
     ax.set_ylabel(ylabel)
-    return _png(plt, fig)
+    return figure_png(plt, fig)
 
 
 def lines_png(series: dict[str, list[tuple[float, float]]], *, title: str, xlabel: str = "step") -> bytes:
@@ -55,7 +61,7 @@ def lines_png(series: dict[str, list[tuple[float, float]]], *, title: str, xlabe
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.legend(fontsize=8)
-    return _png(plt, fig)
+    return figure_png(plt, fig)
 
 
 def stacked_bars_png(labels: list[str], stacks: dict[str, list[float]], *, title: str, ylabel: str) -> bytes:
@@ -68,7 +74,7 @@ def stacked_bars_png(labels: list[str], stacks: dict[str, list[float]], *, title
     ax.set_title(title)
     ax.set_ylabel(ylabel)
     ax.legend(fontsize=8)
-    return _png(plt, fig)
+    return figure_png(plt, fig)
 
 
 def save_png(png: bytes, path: Path) -> Path:

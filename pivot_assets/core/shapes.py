@@ -19,6 +19,30 @@ from typing import Any
 ROLES = ("system", "user", "assistant", "tool")
 ACTION_KINDS = ("tool_call", "message", "tool_call_batch")
 
+class ContentError(ValueError):
+    """Message content that is not text: not a string, None or a list of text parts."""
+
+
+def content_text(content: Any) -> str | None:
+    """Message content -> text, the one rule for inputs and completions alike: a string, None, or a list of parts
+    that are strings or {text} / {refusal} objects (OpenAI's text, output_text and refusal parts), joined. Any other
+    part (an image, audio, a file) is a ContentError naming its type: it is never dropped silently."""
+    if content is None or isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ContentError(f"content is {type(content).__name__}")
+    texts = []
+    for part in content:
+        if isinstance(part, str):
+            texts.append(part)
+        elif isinstance(part, dict) and isinstance(part.get("text", part.get("refusal")), str):
+            texts.append(part.get("text", part.get("refusal")))
+        else:
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise ContentError(f"unsupported content part {kind!r}")
+    return "".join(texts)
+
+
 def rebuild_state(messages: list[dict], message_index: int) -> list[dict]:
     """A turn's state: every message before its assistant message (the tools travel separately)."""
     return list(messages[:message_index])

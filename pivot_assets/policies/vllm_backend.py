@@ -51,13 +51,6 @@ CPU_KV_CACHE_BYTES = 2 << 30  # the CPU engine's KV cache unless engine_args siz
 
 
 
-def vllm_missing() -> str | None:
-    """Why the vllm backend cannot run here (one line), or None when vllm is installed."""
-    from pivot_assets.core.engines import missing
-
-    return missing("vllm")
-
-
 def engine_defaults(device: str, model_dir: Path, engine_args: dict) -> dict:
     """vllm.LLM arguments per device, under what `engine_args` set. On a CPU:
     - the KV cache gets a fixed size: vLLM's default reserves 92% of the machine's memory and refuses to start when
@@ -104,9 +97,11 @@ class VLLMBackend:
 
     def __init__(self, model: str = "embedded", dtype: str = "bfloat16", device: str = "cpu", batch_size: int = 64,
                  threads: int = 1, fmt: PromptFormat = PromptFormat(), engine_args: dict | None = None):
-        missing = vllm_missing()
-        if missing:
-            raise RuntimeError(f"policy.backend vllm: {missing}")
+        from pivot_assets.core.engines import missing
+
+        absent = missing("vllm")
+        if absent:
+            raise RuntimeError(f"policy.backend vllm: {absent}")
         from vllm import LLM
 
         path = resolve_model_dir(model)

@@ -11,13 +11,12 @@ saying what the head lacks and how to start it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shlex
 import time
 
 from pivot_assets.core.config import PivotConfig
-from pivot_assets.policies.factory import capabilities
+from pivot_assets.core.engines import absent_packages
 
 MARK = "PIVOT_PREFLIGHT "
 # The job's entrypoint: plain Python, so it reports what it cannot import even where this package is not importable.
@@ -46,7 +45,7 @@ def open_warehouse(config_json: str) -> tuple[bool, str]:
     except ImportError as e:
         return False, f"cannot import {e.name or e}"
     cfg = PivotConfig.model_validate(json.loads(config_json))
-    missing = [p for p in capabilities(cfg.policy.backend).packages if importlib.util.find_spec(p) is None]
+    missing = absent_packages(cfg.policy.backend)
     if missing:
         return False, f"cannot import {', '.join(missing)} (policy.backend {cfg.policy.backend})"
     try:

@@ -332,13 +332,9 @@ def pairs_markdown(pairs: list[dict], eval_set: str) -> str:
 
 def intervals_png(series: dict[str, list[tuple[str, float | None, float | None, float | None]]], *, title: str) -> bytes:
     """One panel per evaluation set: each policy's accuracy as a point with its 95% interval as a bar."""
-    import matplotlib
+    from pivot_assets.core.plots import figure_png, pyplot
 
-    matplotlib.use("Agg")
-    import io
-
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     panels = [(name, pts) for name, pts in series.items() if pts]
     fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(4.2 * max(len(panels), 1), 3.6), dpi=100, squeeze=False)
     for ax, (name, pts) in zip(axes[0], panels):
@@ -353,8 +349,4 @@ def intervals_png(series: dict[str, list[tuple[str, float | None, float | None, 
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("accuracy")
     fig.suptitle(title, fontsize=9)
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
+    return figure_png(plt, fig)

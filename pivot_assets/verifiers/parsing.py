@@ -29,6 +29,8 @@ import re
 from functools import lru_cache
 from typing import Any, NamedTuple
 
+from pivot_assets.core.shapes import ContentError, content_text
+
 from .canonical import canonical_args, canonical_key, canonicalize, loads_canonical, reload_canonical
 
 
@@ -332,20 +334,11 @@ def _parse_text(text: str) -> Parsed:
 
 
 def _content_text(content: Any) -> str:
-    """Message content as str: plain string, or a list of parts ({type: text|output_text, text})."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for p in content:
-            if isinstance(p, str):
-                parts.append(p)
-            elif isinstance(p, dict) and isinstance(p.get("text"), str):
-                parts.append(p["text"])
-        return "".join(parts)
-    raise ParseError(f"message content must be text, got {type(content).__name__}")
+    """Message content as str (core/shapes.content_text's rule, None as ""); anything else is a parse error."""
+    try:
+        return content_text(content) or ""
+    except ContentError as e:
+        raise ParseError(f"message content: {e}") from None
 
 
 def _parse_action_dict(obj: dict, expected: bool = False) -> Parsed:

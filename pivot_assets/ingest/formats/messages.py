@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pivot_assets.core import shapes
 from pivot_assets.core.ids import canonical_json
 
 from .records import RecordError
@@ -24,21 +25,11 @@ def message(role: str, content: str | None = None, reasoning: str | None = None,
 
 
 def content_text(content: Any, where: str) -> str | None:
-    """Message content -> text: a string, None, or a list of text parts (joined)."""
-    if content is None or isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if isinstance(part, str):
-                texts.append(part)
-            elif isinstance(part, dict) and isinstance(part.get("text", part.get("refusal")), str):
-                texts.append(part.get("text", part.get("refusal")))
-            else:
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise RecordError("wrong_type", f"{where}: unsupported content part {kind!r}")
-        return "".join(texts)
-    raise RecordError("wrong_type", f"{where}: content is {type(content).__name__}")
+    """Message content -> text (core/shapes.content_text's rule); anything else is a quarantined record."""
+    try:
+        return shapes.content_text(content)
+    except shapes.ContentError as e:
+        raise RecordError("wrong_type", f"{where}: {e}") from None
 
 
 def canonical_arguments(args: Any, where: str) -> str:
