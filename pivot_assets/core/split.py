@@ -77,6 +77,10 @@ class ConversationSplit:
         """The warehouse's trajectory ids with one of `roles` (whole source conversations)."""
         return self.members(trajectory_groups(wh), *roles)
 
+    def not_in_pool(self, wh: "Warehouse") -> set[str]:
+        """The trajectories no GRPO run or ablation arm may train on: the held-out and the warm-up conversations."""
+        return self.trajectories(wh, HELD_OUT, WARMUP)
+
     def fingerprint(self, wh: "Warehouse") -> str:
         """A short hash of the warehouse's held-out (and warm-up) sets: part of every model and evaluation key."""
         groups = trajectory_groups(wh)

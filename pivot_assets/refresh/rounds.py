@@ -176,9 +176,9 @@ def effective_generations(cfg: "PivotConfig") -> int:
 # -- round 0 -------------------------------------------------------------------------------------------------
 def round_zero_rows(wh: Warehouse, cfg: "PivotConfig", profiles: pl.DataFrame) -> pl.DataFrame:
     """refresh_profiles' round-0 rows: the reference's profiles, their buckets, and the turns training.set holds."""
-    from pivot_assets.training.split import not_in_pool
+    from pivot_assets.core.split import ConversationSplit
 
-    held = not_in_pool(wh, cfg)
+    held = ConversationSplit.from_config(cfg).not_in_pool(wh)
     train = set(wh.read(SET_TABLES[cfg.training.set], ["turn_id"])["turn_id"].to_list())
     return profiles.with_columns(
         pl.lit(0).alias("round"), pl.col("policy_fp").alias("profiled_by"), bucket_expr(cfg.pivots.lambda_diff).alias("bucket"),
@@ -233,13 +233,13 @@ def training_set(selection: dict, profiles: pl.DataFrame, turns: pl.DataFrame, s
 
 def round_key(wh: Warehouse, cfg: "PivotConfig", r: int, train_ids: list[str], reward_fp: str) -> str:
     from pivot_assets.training.runs import has_cuda, model_fingerprint, training_device, training_identity
-    from pivot_assets.training.split import config_split, split_fingerprint
+    from pivot_assets.core.split import ConversationSplit
 
     return fingerprint({
         "version": VERSION, "round": r, "init": model_fingerprint(str(checkpoint(wh, r - 1)), cfg),
         "training": {**training_identity(cfg, training_device()), "steps": cfg.refresh.steps_per_round},
         "refresh": values(cfg.refresh, REFRESH), "train_turns": fingerprint(train_ids), "verifier": reward_fp,
-        "split": split_fingerprint(wh, config_split(cfg)), "cpu_smoke": not has_cuda()})
+        "split": ConversationSplit.from_config(cfg).fingerprint(wh), "cpu_smoke": not has_cuda()})
 
 
 def train_round(wh: Warehouse, cfg: "PivotConfig", reward, r: int, train: pl.DataFrame, held: set[str],
@@ -303,7 +303,7 @@ def reselect(wh: Warehouse, cfg: "PivotConfig", verifiers, previous: pl.DataFram
     """Round r's steps 1-2 (module docstring): profile `previous`'s turns with `model` (those settled may be
     skipped), reselect the pivot sets, add the replayed turns."""
     from pivot_assets.curation.selection import TURN_COLUMNS, select_pivots
-    from pivot_assets.training.split import not_in_pool
+    from pivot_assets.core.split import ConversationSplit
 
     skip = skipped_turns(previous, r, cfg)
     to_profile = [t for t in previous["turn_id"].to_list() if t not in skip]
@@ -321,7 +321,7 @@ def reselect(wh: Warehouse, cfg: "PivotConfig", verifiers, previous: pl.DataFram
     turns = wh.read("turns", ["turn_id", *TURN_COLUMNS])
     # carried profiles are this round's estimate of their turns: one (policy, verifier) generation for selection
     selection = select_pivots(current.drop("trajectory_id", "domain"), turns, cfg.pivots)
-    held = not_in_pool(wh, cfg)
+    held = ConversationSplit.from_config(cfg).not_in_pool(wh)
     pool = set(current.filter(~pl.col("trajectory_id").is_in(sorted(held)))["turn_id"].to_list())
     replay = replayed_turns(previous, r, cfg, pool)
     train = training_set(selection, current.drop("trajectory_id", "domain"), turns, cfg.training.set, replay)

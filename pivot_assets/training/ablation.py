@@ -60,9 +60,9 @@ def arm_verifiers(verifiers: "VerifierSets", arm: str):
 
 # -- pools ---------------------------------------------------------------------------------------
 def pool_trajectories(wh: "Warehouse", cfg: "PivotConfig") -> set[str]:
-    from .split import POOL, config_split
+    from pivot_assets.core.split import POOL, ConversationSplit
 
-    return config_split(cfg).trajectories(wh, POOL)
+    return ConversationSplit.from_config(cfg).trajectories(wh, POOL)
 
 
 def cand_seed(cfg: "PivotConfig", seed: int) -> int:
@@ -163,7 +163,7 @@ def train_arm(wh: "Warehouse", cfg: "PivotConfig", arm: str, seed: int, verifier
         from pivot_assets.curation.exports import to_hf_dataset
 
         from .grpo import run_grpo
-        from .split import not_in_pool
+        from pivot_assets.core.split import ConversationSplit
         from .vllm_rollout import resolve_rollout_engine
 
         steps = steps_for_pool(len(turn_ids), prompts_per_step(cfg, "grpo"), epochs)
@@ -175,7 +175,7 @@ def train_arm(wh: "Warehouse", cfg: "PivotConfig", arm: str, seed: int, verifier
         progress = Progress(total=steps, unit=f"{arm} s{seed} grpo steps", log=log, every_s=0)
         run = run_grpo(init, dataset, verifiers, options, out, cpu_smoke=False,
                        precision=resolve_dtype(cfg.training.dtype, device), threads=cfg.runtime.threads,
-                       held_out=not_in_pool(wh, cfg), device=device, fmt=fmt, full_passes=True,
+                       held_out=ConversationSplit.from_config(cfg).not_in_pool(wh), device=device, fmt=fmt, full_passes=True,
                        run_key=key, log_line=log,  # checkpoints every training.save_steps: a killed arm resumes
                        rollout=resolve_rollout_engine(cfg),
                        on_step=lambda r: progress.reach(r["step"], f"reward {r.get('reward_mean') or 0:.3f}"))

@@ -3,7 +3,7 @@
 
 - Fixed evaluation sets, independent of the set being trained (`evaluation_sets`): every held-out profiled
   turn (`profiled`), and the held-out turns of D_mixed (`mixed`) and D_adv (`adv`) under the reference
-  policy. Held out = whole source conversations (split.py), never trained on by SFT, GRPO or any arm.
+  policy. Held out = whole source conversations (core/split.py), never trained on by SFT, GRPO or any arm.
 - Fresh, common draws: every policy is sampled with an evaluation seed (runs.eval_seed), a stream apart
   from profiling's, the same per turn for every policy, the reference included (a turn chosen because the
   reference scored low on it regresses toward its mean on a fresh draw, for the reference too). The ablation's
@@ -151,9 +151,9 @@ def evaluation_sets(wh: "Warehouse", cfg: "PivotConfig") -> dict[str, list[str]]
 
     from pivot_assets.core.ids import seeded_unit
 
-    from .split import held_out_trajectories
+    from pivot_assets.core.split import HELD_OUT, ConversationSplit
 
-    held_out = sorted(held_out_trajectories(wh, cfg.training.eval_fraction, cfg.training.seed))
+    held_out = sorted(ConversationSplit(cfg.training.eval_fraction, 0.0, cfg.training.seed).trajectories(wh, HELD_OUT))
     generation = _reference_generation(wh)
     sets: dict[str, list[str]] = {}
     for name, table in (("profiled", "turn_profiles"), ("mixed", "pivots_mixed"), ("adv", "pivots_adv")):

@@ -345,8 +345,8 @@ def run_grpo(model_dir: str, train_dataset, domain_verifiers, options: "Training
 
     `train_dataset` is the pivot HF export (columns prompt, tools, expert_action, turn_id,
     trajectory_id, domain, ...); rows of held-out trajectories are removed here, so callers may pass the whole
-    export. `held_out`: the warehouse's split (split.held_out_trajectories: whole source conversations); None:
-    each trajectory its own group (split_by_trajectory with options.eval_fraction and options.seed).
+    export. `held_out`: the warehouse's split (core/split.ConversationSplit: whole source conversations); None:
+    each trajectory its own group (core/split.by_trajectory with options.eval_fraction and options.seed).
     `device` / `fmt`: the policy's device and prompt format (policies.models.PromptFormat). The weights are fp32
     (master weights, fp32 gradients and AdamW state) with bf16 autocast where `precision` says bfloat16: see the
     module docstring. `full_passes`: pad the prompts with seeded repeats to a multiple of the prompts one
@@ -364,10 +364,11 @@ def run_grpo(model_dir: str, train_dataset, domain_verifiers, options: "Training
     from .launcher import gather_lists, is_main_process
     from .sft import last_complete_checkpoint, save_trained
     from .shared_prompt import shared_prompt_trainer
-    from .split import split_by_trajectory
+    from pivot_assets.core.split import HELD_OUT, ConversationSplit, by_trajectory
 
     if held_out is None:
-        held_out = split_by_trajectory(train_dataset["trajectory_id"], options.eval_fraction, options.seed)
+        held_out = by_trajectory(train_dataset["trajectory_id"], ConversationSplit(options.eval_fraction, 0.0, options.seed),
+                                 HELD_OUT)
     held_out = set(held_out) & set(train_dataset["trajectory_id"])
     configure_torch(threads)
     on_gpu = str(device).startswith("cuda") and not cpu_smoke
@@ -461,7 +462,7 @@ def run_local_grpo(wh: "Warehouse", cfg: "PivotConfig", verifiers, log: Callable
     from pivot_assets.core.progress import Progress
 
     from .runs import has_cuda, init_model, training_device, write_marker
-    from .split import not_in_pool
+    from pivot_assets.core.split import ConversationSplit
     from .vllm_rollout import resolve_rollout_engine
 
     result = grpo_run_status(wh, cfg, verifiers)
@@ -484,7 +485,7 @@ def run_local_grpo(wh: "Warehouse", cfg: "PivotConfig", verifiers, log: Callable
         progress.reach(row["step"], metrics)
 
     t0 = time.perf_counter()
-    held_out = not_in_pool(wh, cfg)  # held out and warm-up conversations
+    held_out = ConversationSplit.from_config(cfg).not_in_pool(wh)  # held out and warm-up conversations
     from pivot_assets.policies.models import PromptFormat
 
     run = run_grpo(init_model(wh, cfg), dataset, verifiers, cfg.training, out, cpu_smoke=cpu_smoke,

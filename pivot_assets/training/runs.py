@@ -126,12 +126,12 @@ def has_cuda() -> bool:
 
 
 def grpo_key(wh: Warehouse, cfg: PivotConfig, verifier_fp: str) -> str:
-    from .split import config_split, split_fingerprint
+    from pivot_assets.core.split import ConversationSplit
 
     return fingerprint({
         "training": grpo_run_identity(cfg, training_device()), "pivots": wh.data_version(SET_TABLES[cfg.training.set]),
         "init": model_fingerprint(init_model(wh, cfg), cfg), "verifier": verifier_fp, "cpu_smoke": not has_cuda(),
-        "split": split_fingerprint(wh, config_split(cfg)),
+        "split": ConversationSplit.from_config(cfg).fingerprint(wh),
     })
 
 
@@ -181,7 +181,7 @@ def arm_key(wh: Warehouse, cfg: PivotConfig, arm: str, seed: int, verifier_fp: s
     """Everything one arm's model depends on: arm, seed, its section and passes over the pool, the pool's turns
     (for D_cand, the seed's own draw) and their pivot set's data, init, reward, split. Evaluation-only keys
     (training's EVALUATION-only fields, ablation.primary) are not in it."""
-    from .split import config_split, split_fingerprint
+    from pivot_assets.core.split import ConversationSplit
 
     trainer, pivot_set, _ = ARM_SPECS[arm]
     section = training_identity(cfg, training_device()) if trainer == "grpo" else sft_identity(cfg)["sft"]
@@ -192,7 +192,7 @@ def arm_key(wh: Warehouse, cfg: PivotConfig, arm: str, seed: int, verifier_fp: s
         "sft_lr": cfg.ablation.sft_learning_rate if cfg.ablation else None,
         "pool": fingerprint(sorted(pool or [])), "pivots": wh.data_version(SET_TABLES[pivot_set]),
         "init": model_fingerprint(init_model(wh, cfg), cfg), "verifier": verifier_fp,
-        "split": split_fingerprint(wh, config_split(cfg)), "device": training_device(),
+        "split": ConversationSplit.from_config(cfg).fingerprint(wh), "device": training_device(),
     })
 
 

@@ -517,7 +517,7 @@ def train_sft_policy(wh: "Warehouse", cfg: "PivotConfig", log: Callable[[str], N
     from pivot_assets.core.progress import Progress
 
     from .runs import base_model, write_marker
-    from .split import HELD_OUT, POOL, WARMUP, config_split
+    from pivot_assets.core.split import HELD_OUT, POOL, WARMUP, ConversationSplit
 
     result = sft_run_status(wh, cfg)
     if result["skipped"]:
@@ -525,7 +525,7 @@ def train_sft_policy(wh: "Warehouse", cfg: "PivotConfig", log: Callable[[str], N
         return result
     out, key = Path(result["model_dir"]), result["key"]
     device, fmt, precision = cfg.policy.device, PromptFormat.from_policy(cfg.policy), result["precision"]
-    split = config_split(cfg)
+    split = ConversationSplit.from_config(cfg)
     held_out = split.trajectories(wh, HELD_OUT)
     warmup = split.trajectories(wh, WARMUP) if split.warmup_fraction else split.trajectories(wh, WARMUP, POOL)
     trajectories = [t for t in wh.read("trajectories").iter_rows(named=True) if t["trajectory_id"] in warmup]

@@ -15,7 +15,6 @@ import pytest
 from pydantic import create_model
 
 import pivot_assets.training.runs as runs
-import pivot_assets.training.split as training_split
 from pivot_assets.core import identity
 from pivot_assets.core.config import (
     PivotConfig,
@@ -24,6 +23,7 @@ from pivot_assets.core.config import (
     load_config,
 )
 from pivot_assets.core.identity import EVALUATION, ROLLOUTS, SAMPLING, TRAINING, In
+from pivot_assets.core.split import ConversationSplit
 from pivot_assets.shared import resolve_shared
 from pivot_jobs.definitions import stage_builders
 
@@ -124,7 +124,7 @@ def stubbed_keys(monkeypatch):
                         lambda model, cfg: f"model:{Path(model).name}:{cfg.policy.chat_template}:{cfg.policy.thinking}")
     monkeypatch.setattr(runs, "has_cuda", lambda: False)
     monkeypatch.setattr(runs, "trajectories_version", lambda wh: wh.data_version("trajectories"))
-    monkeypatch.setattr(training_split, "split_fingerprint", lambda wh, split: "split")
+    monkeypatch.setattr(ConversationSplit, "fingerprint", lambda self, wh: "split")
 
 
 def identity_values(cfg) -> dict:
@@ -263,7 +263,6 @@ def write_fixed_warehouse(root: Path):
 
 
 def real_identity_values(tmp_path: Path, monkeypatch) -> dict:
-    from pivot_assets.training.split import config_split, split_fingerprint
 
     model = str(write_fixed_model(tmp_path / "somewhere" / "model"))
     wh = write_fixed_warehouse(tmp_path / "wh")
@@ -277,8 +276,8 @@ def real_identity_values(tmp_path: Path, monkeypatch) -> dict:
         "model_fingerprint:thinking_strip": runs.model_fingerprint(
             model, cfg.model_copy(update={"policy": cfg.policy.model_copy(update={"thinking": "strip"})})),
         "trajectories_version": runs.trajectories_version(wh),
-        "split_fingerprint:two_way": split_fingerprint(wh, config_split(cfg)),
-        "split_fingerprint:three_way": split_fingerprint(wh, config_split(three_way)),
+        "split_fingerprint:two_way": ConversationSplit.from_config(cfg).fingerprint(wh),
+        "split_fingerprint:three_way": ConversationSplit.from_config(three_way).fingerprint(wh),
     }
     # the composed keys also name the training device: pinned as on a CPU box (has_cuda is pinned on its own below)
     monkeypatch.setattr(runs, "has_cuda", lambda: False)

@@ -23,7 +23,7 @@ def test_no_backend_name_comparison_outside_policies():
 def test_every_engine_declares_its_capabilities():
     assert set(BACKENDS) == set(ENGINES) == {"transformers", "vllm", "openai"}
     assert capabilities("transformers").scores_continuation and capabilities("transformers").turn_rows_together
-    assert capabilities("vllm").prefix_reuse and not capabilities("vllm").torch_in_process
+    assert capabilities("vllm").reloads_weights and not capabilities("vllm").torch_in_process
     assert not capabilities("openai").local_model
     with pytest.raises(ValueError, match="policy.backend 'sglang': expected one of transformers, vllm, openai"):
         capabilities("sglang")

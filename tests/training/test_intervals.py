@@ -158,12 +158,12 @@ def _profile_warehouse(tmp_path) -> Warehouse:
 
 
 def test_evaluation_sets_are_held_out_nested_and_independent_of_the_trained_set(tmp_path):
-    from pivot_assets.training.split import held_out_trajectories
+    from pivot_assets.core.split import HELD_OUT, ConversationSplit
 
     wh = _profile_warehouse(tmp_path)
     sets = evaluation_sets(wh, _cfg(tmp_path, training={"eval_fraction": 0.5, "set": "adv"}))
     assert sets == evaluation_sets(wh, _cfg(tmp_path, training={"eval_fraction": 0.5, "set": "cand"}))
-    held = held_out_trajectories(wh, 0.5, 0)
+    held = ConversationSplit(0.5, 0.0, 0).trajectories(wh, HELD_OUT)
     assert sets["profiled"] == sorted(f"u{t[1:]}" for t in held)
     assert set(sets["adv"]) <= set(sets["mixed"]) <= set(sets["profiled"])
     assert sets["adv"] == [u for u in sets["profiled"] if int(u[1:]) % 4 == 0]

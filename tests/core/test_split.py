@@ -5,13 +5,27 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from pivot_assets.core.warehouse import Warehouse
-from pivot_assets.training.split import (
-    held_out_trajectories,
-    split_by_group,
-    split_by_trajectory,
+from pivot_assets.core.split import (
+    HELD_OUT,
+    POOL,
+    WARMUP,
+    ConversationSplit,
+    by_trajectory,
     trajectory_groups,
 )
+from pivot_assets.core.warehouse import Warehouse
+
+
+def split_by_trajectory(ids, eval_fraction, seed=0):
+    return by_trajectory(ids, ConversationSplit(eval_fraction, 0.0, seed), HELD_OUT)
+
+
+def split_by_group(groups, eval_fraction, seed=0):
+    return ConversationSplit(eval_fraction, 0.0, seed).members(groups, HELD_OUT)
+
+
+def held_out_trajectories(wh, eval_fraction, seed):
+    return ConversationSplit(eval_fraction, 0.0, seed).trajectories(wh, HELD_OUT)
 
 
 def test_split_is_deterministic_per_trajectory_and_near_the_fraction():
@@ -58,8 +72,6 @@ def test_the_warehouse_split_reads_conversation_id_and_falls_back_without_it(tmp
 
 
 def test_three_way_split_is_disjoint_by_conversation_and_stable_under_subsets():
-    from pivot_assets.core.split import HELD_OUT, POOL, WARMUP, ConversationSplit
-
     groups = {f"t{i}": f"c{i // 3}" for i in range(3000)}
     split = ConversationSplit(eval_fraction=0.3, warmup_fraction=0.3, seed=5)
     roles = split.roles(groups)
@@ -77,6 +89,16 @@ def test_three_way_split_is_disjoint_by_conversation_and_stable_under_subsets():
     assert ConversationSplit(0.3, 0.0, 5).members(groups, WARMUP) == set()
     with pytest.raises(ValueError, match="training pool"):
         ConversationSplit(0.5, 0.5, 0)
+
+
+def test_not_in_pool_is_the_held_out_and_the_warm_up_conversations(tmp_path):
+    wh = Warehouse(tmp_path / "wh")
+    wh.write_table("trajectories", pa.table({"trajectory_id": [f"t{i}" for i in range(300)],
+                                             "conversation_id": [f"c{i // 3}" for i in range(300)]}))
+    split = ConversationSplit(0.3, 0.3, 5)
+    excluded = split.not_in_pool(wh)
+    assert excluded == split.trajectories(wh, HELD_OUT) | split.trajectories(wh, WARMUP)
+    assert excluded.isdisjoint(split.trajectories(wh, POOL)) and excluded
 
 
 def test_profiling_skips_the_warm_up_conversations(tmp_path):
