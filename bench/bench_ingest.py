@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # tests/tau2_chat.py: the chat records this bench ingests
 SHARED = REPO.parent / "shared" / "data" / "tau2-bench" / "airline_run1.json"
 PIVOT = Path(sys.executable).parent / "pivot"
 
@@ -40,7 +41,7 @@ PIVOT = Path(sys.executable).parent / "pivot"
 
 def airline_chat_records() -> list[dict]:
     """The shared tau2 airline simulations as OpenAI chat records, with tool schemas inferred from the calls."""
-    from pivot_assets.ingest import formats
+    from tests.tau2_chat import tau2_as_openai_chat
 
     results = json.loads(SHARED.read_text())
     schemas: dict[str, dict] = {}
@@ -54,7 +55,7 @@ def airline_chat_records() -> list[dict]:
     tools = [{"type": "function", "function": {"name": name, "description": f"The airline tool {name}.",
               "parameters": {"type": "object", "properties": props, "required": sorted(props)}}}
              for name, props in sorted(schemas.items())]
-    return formats.tau2_as_openai_chat(results, tools)
+    return tau2_as_openai_chat(results, tools)
 
 
 def write_replicated(path: Path, replicas: int) -> tuple[int, int]:

@@ -13,6 +13,7 @@ import pytest
 from pivot_assets.core.catalog import QUARANTINE_SCHEMA, TRAJECTORY_SCHEMA
 from pivot_assets.ingest import chat_sql, formats, streaming
 from pivot_assets.ingest.formats import ingest_to_tables
+from tests.tau2_chat import tau2_as_openai_chat
 
 from .test_formats import OPENAI_RECORD, RESPONSES_RECORD
 
@@ -60,7 +61,7 @@ def write_lines(path: Path, records: list) -> Path:
 
 def tau2_as_chat(shared_data_dir: Path) -> list[dict]:
     """The shared tau2 airline simulations as OpenAI chat records (string arguments, task ids, no tools)."""
-    return formats.tau2_as_openai_chat(json.loads((shared_data_dir / "tau2-bench" / "airline_run1.json").read_text()))
+    return tau2_as_openai_chat(json.loads((shared_data_dir / "tau2-bench" / "airline_run1.json").read_text()))
 
 
 # ---------------------------------------------------------------------------------------------- real data

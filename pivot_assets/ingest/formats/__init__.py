@@ -70,7 +70,6 @@ from .records import MAX_RECORD_BYTES, PARQUET_BATCH_ROWS, RAW_CAP, Input, Origi
 from .registry import Format, register
 from .registry import detect as detect_format
 from .registry import names as format_names
-from .tau2 import tau2_as_openai_chat
 from .validation import normalize_tools, parse_reward, validate_messages
 
 
@@ -80,5 +79,5 @@ __all__ = [
     "format_names", "detect_format", "iter_ingest", "ingest_record", "adapt_record", "as_input", "conversation_id",
     "ingest_to_tables", "iter_raw_records", "expand_paths", "scan_paths", "read_json", "read_jsonl", "read_parquet",
     "read_hf_dataset", "jsonl_record", "chat_messages", "validate_messages", "normalize_tools", "parse_reward",
-    "load_tools_file", "with_default_tools", "fill_default_tools", "tau2_as_openai_chat", "_arguments",
+    "load_tools_file", "with_default_tools", "fill_default_tools", "_arguments",
 ]
