@@ -57,7 +57,7 @@ def train_job(root: str, cfg, init: str, rows, out: str, steps: int, seed: int) 
     from pivot_assets.policies.models import PromptFormat
     from pivot_assets.refresh.rounds import grpo_spend
     from pivot_assets.training.grpo import run_grpo
-    from pivot_assets.training.runs import training_device
+    from pivot_assets.core.hardware import training_device
     from pivot_assets.core.split import ConversationSplit
     from pivot_assets.verifiers import VerifierSets
 

@@ -1,4 +1,5 @@
-"""What the machine runs well: the dtype and the torch thread count (Dagster-free; the one place both are chosen).
+"""What the machine runs well: each stage's device and dtype, and the torch thread count (Dagster-free; the one
+place they are chosen: stages ask `sft_precision`, `training_precision`, `policy_precision` and `training_device`).
 
 dtype. bf16 is fast only where the hardware runs it natively: a CUDA device with bf16, or a CPU with the
 avx512_bf16 or AMX instructions. Elsewhere torch falls back to a reference GEMM: on an AVX2-only EPYC one
@@ -104,6 +105,34 @@ def resolve_dtype(requested: str = "auto", device: str = "cpu") -> Precision:
                         "than float32; use dtype: auto", device, why)
         return Precision(requested, requested, device, f"explicit, although {why}")
     return Precision(requested, requested, device, "explicit")
+
+
+def has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def training_device() -> str:
+    """Where GRPO, the ablation's arms and refresh rounds train: the GPU when there is one."""
+    return "cuda" if has_cuda() else "cpu"
+
+
+def sft_precision(cfg) -> Precision:
+    """The warm-up's and the same-data SFT's dtype: `sft.dtype` on the policy's device."""
+    return resolve_dtype(cfg.sft.dtype, cfg.policy.device)
+
+
+def training_precision(cfg, device: str | None = None) -> Precision:
+    """GRPO's dtype: `training.dtype` on `device` (default: training_device(); an asset's code version, computed
+    without importing torch, passes "cpu")."""
+    return resolve_dtype(cfg.training.dtype, training_device() if device is None else device)
+
+
+def policy_precision(policy, device: str | None = None) -> Precision:
+    """A local engine's dtype: a `policy:` section's (or evaluation's engine) `dtype` on its `device` (or on
+    `device`: GRPO's vLLM rollout engine runs beside the trainer)."""
+    return resolve_dtype(policy.dtype, policy.device if device is None else device)
 
 
 def usable_cores() -> int:

@@ -28,7 +28,6 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from .hardware import resolve_dtype
 from .ids import canonical_json, short_hash
 
 ROLLOUTS, SAMPLING, PIVOTS = "rollouts", "sampling", "pivots"
@@ -82,22 +81,23 @@ def pivots_version(pivots: BaseModel) -> str:
     return fingerprint(values(pivots, PIVOTS))
 
 
-def sft_identity(sft: BaseModel, device: str) -> dict:
-    """The `sft:` section's part of the SFT model's identity: the dtype as resolved on the device SFT runs on
-    (training/runs.sft_identity adds the split)."""
+def sft_identity(sft: BaseModel, dtype: str) -> dict:
+    """The `sft:` section's part of the SFT model's identity: `dtype` as resolved on the device SFT runs on
+    (core/hardware.sft_precision; training/runs.sft_identity adds the split)."""
     section = values(sft, SFT)
     if section.get("model") == "embedded":
         section.pop("model")  # the default keeps the keys of models trained before the field existed
-    return {**section, "dtype": resolve_dtype(sft.dtype, device).dtype, "trainer": SFT_TRAINER}
+    return {**section, "dtype": dtype, "trainer": SFT_TRAINER}
 
 
-def training_identity(training: BaseModel, device: str = "cpu") -> dict:
-    """The training section's TRAINING fields (changing eval_k must not retrain), dtype resolved on the device
-    training runs on (a run key passes the real one; an asset's code version, built without torch, the CPU)."""
+def training_identity(training: BaseModel, dtype: str) -> dict:
+    """The training section's TRAINING fields (changing eval_k must not retrain) and `dtype` as resolved on the
+    device training runs on (core/hardware.training_precision: a run key on the real one; an asset's code version,
+    built without torch, on the CPU)."""
     section = values(training, TRAINING)
     if section.get("reward_verifier") is None:
         section.pop("reward_verifier", None)  # the default keeps the keys of models trained before it existed
-    return {**section, "dtype": resolve_dtype(training.dtype, device).dtype}
+    return {**section, "dtype": dtype}
 
 
 def launch_identity(training: BaseModel) -> dict:

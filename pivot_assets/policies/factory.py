@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from pivot_assets.core.config import PolicySection
 from pivot_assets.core.engines import BACKENDS, ENGINES, capabilities  # noqa: F401 (the engines' table, re-exported)
-from pivot_assets.core.hardware import resolve_dtype, resolve_threads
+from pivot_assets.core.hardware import policy_precision, resolve_threads
 
 from .base import PolicyBackend
 from .models import PromptFormat
@@ -49,7 +49,7 @@ def build_backend(policy: PolicySection | Mapping, *, model: str | None = None,
     if policy.backend == "transformers":
         from .transformers_backend import TransformersBackend
 
-        return TransformersBackend(model=model, dtype=resolve_dtype(policy.dtype, policy.device).dtype,
+        return TransformersBackend(model=model, dtype=policy_precision(policy).dtype,
                                    batch_size=policy.batch_size, device=policy.device, fmt=fmt,
                                    thinking_budget=policy.thinking_budget,
                                    prompt_cache_gb=PROMPT_CACHE_GB if keep_prompts else 0.0)
@@ -64,7 +64,7 @@ def build_backend(policy: PolicySection | Mapping, *, model: str | None = None,
     if policy.backend == "vllm":
         from .vllm_backend import VLLMBackend
 
-        return VLLMBackend(model=model, dtype=resolve_dtype(policy.dtype, policy.device).dtype, device=policy.device,
+        return VLLMBackend(model=model, dtype=policy_precision(policy).dtype, device=policy.device,
                            batch_size=policy.batch_size, threads=resolve_threads(threads), fmt=fmt,
                            engine_args=policy.engine_args)
     raise ValueError(f"policy.backend {policy.backend!r}: expected one of {', '.join(BACKENDS)}")

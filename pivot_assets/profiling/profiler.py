@@ -38,7 +38,8 @@ import pyarrow as pa
 from pivot_assets.core import parts
 from pivot_assets.core.catalog import EXPERT_LIKELIHOODS_SCHEMA, REWARDS_SCHEMA, ROLLOUTS_SCHEMA
 from pivot_assets.core.config import LAMBDA_DIFF
-from pivot_assets.core.hardware import Precision, resolve_dtype
+from pivot_assets.core import hardware
+from pivot_assets.core.hardware import Precision
 from pivot_assets.core.identity import ROLLOUTS, adaptive_identity, fingerprint, values
 from pivot_assets.core.ids import canonical_json
 from pivot_assets.core.progress import Progress
@@ -466,7 +467,7 @@ def policy_precision(policy: "PolicySection") -> Precision:
     """The dtype profiling samples in (a server decides its own: reported as such)."""
     if not capabilities(policy.backend).local_model:
         return Precision("server", policy.dtype, "server", "the server chooses its dtype")
-    return resolve_dtype(policy.dtype, policy.device)
+    return hardware.policy_precision(policy)
 
 
 def policy_version(policy: "PolicySection", seeding: str = PER_TURN, adaptive: "AdaptiveSection | None" = None,

@@ -167,10 +167,11 @@ def evaluate(wh: Warehouse, cfg: "PivotConfig", verifiers, model: Path, log: Log
 
 def effective_generations(cfg: "PivotConfig") -> int:
     """GRPO's group size as it runs: training.num_generations, capped on a CPU (runs.CPU_SMOKE_CAPS)."""
-    from pivot_assets.training.runs import CPU_SMOKE_CAPS, has_cuda
+    from pivot_assets.core import hardware
+    from pivot_assets.training.runs import CPU_SMOKE_CAPS
 
     k = cfg.training.num_generations
-    return k if has_cuda() else min(k, CPU_SMOKE_CAPS["num_generations"])
+    return k if hardware.has_cuda() else min(k, CPU_SMOKE_CAPS["num_generations"])
 
 
 # -- round 0 -------------------------------------------------------------------------------------------------
@@ -232,14 +233,15 @@ def training_set(selection: dict, profiles: pl.DataFrame, turns: pl.DataFrame, s
 
 
 def round_key(wh: Warehouse, cfg: "PivotConfig", r: int, train_ids: list[str], reward_fp: str) -> str:
-    from pivot_assets.training.runs import has_cuda, model_fingerprint, training_device, training_identity
+    from pivot_assets.core import hardware
+    from pivot_assets.training.runs import model_fingerprint, training_identity
     from pivot_assets.core.split import ConversationSplit
 
     return fingerprint({
         "version": VERSION, "round": r, "init": model_fingerprint(str(checkpoint(wh, r - 1)), cfg),
-        "training": {**training_identity(cfg, training_device()), "steps": cfg.refresh.steps_per_round},
+        "training": {**training_identity(cfg, hardware.training_device()), "steps": cfg.refresh.steps_per_round},
         "refresh": values(cfg.refresh, REFRESH), "train_turns": fingerprint(train_ids), "verifier": reward_fp,
-        "split": ConversationSplit.from_config(cfg).fingerprint(wh), "cpu_smoke": not has_cuda()})
+        "split": ConversationSplit.from_config(cfg).fingerprint(wh), "cpu_smoke": not hardware.has_cuda()})
 
 
 def train_round(wh: Warehouse, cfg: "PivotConfig", reward, r: int, train: pl.DataFrame, held: set[str],
@@ -248,12 +250,12 @@ def train_round(wh: Warehouse, cfg: "PivotConfig", reward, r: int, train: pl.Dat
     Returns the GRPO spend (budget columns) and whether this run trained."""
     import datasets  # noqa: F401  (to_hf_dataset's)
 
-    from pivot_assets.core.hardware import resolve_dtype
+    from pivot_assets.core import hardware
     from pivot_assets.curation.exports import to_hf_dataset
     from pivot_assets.policies.models import PromptFormat
     from pivot_assets.training.grpo import run_grpo
     from pivot_assets.training.vllm_rollout import resolve_rollout_engine
-    from pivot_assets.training.runs import has_cuda, is_done, training_device, write_marker
+    from pivot_assets.training.runs import is_done, write_marker
 
     init, out = checkpoint(wh, r - 1), checkpoint(wh, r)
     pool = train.filter(~pl.col("trajectory_id").is_in(sorted(held)))
@@ -271,9 +273,9 @@ def train_round(wh: Warehouse, cfg: "PivotConfig", reward, r: int, train: pl.Dat
         options = cfg.training.model_copy(update={"steps": cfg.refresh.steps_per_round})
         log(f"{round_asset(r)}: GRPO {options.steps} steps from {init.name} on {pool.height} turns")
         trajectories = wh.read("trajectories", ["trajectory_id", "messages", "tools", "conversation_id"])
-        run = run_grpo(str(init), to_hf_dataset(pool, trajectories), reward, options, out, cpu_smoke=not has_cuda(),
-                       precision=resolve_dtype(cfg.training.dtype, training_device()), threads=cfg.runtime.threads,
-                       held_out=held, device=training_device(), fmt=PromptFormat.from_policy(cfg.policy),
+        run = run_grpo(str(init), to_hf_dataset(pool, trajectories), reward, options, out, cpu_smoke=not hardware.has_cuda(),
+                       precision=hardware.training_precision(cfg), threads=cfg.runtime.threads,
+                       held_out=held, device=hardware.training_device(), fmt=PromptFormat.from_policy(cfg.policy),
                        rollout=resolve_rollout_engine(cfg))
         spend = grpo_spend(run.steps, run.completions_log, run.grpo_config["num_generations"])
         spend["reward_mean"] = [s.get("reward_mean") for s in run.steps]

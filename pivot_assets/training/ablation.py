@@ -115,11 +115,11 @@ def train_arm(wh: "Warehouse", cfg: "PivotConfig", arm: str, seed: int, verifier
     folder under models/ (default arm_dir(arm, seed)); runs that differ only in a training option (a learning-rate
     sweep) each need their own."""
     from pivot_assets.core.catalog import SET_TABLES
-    from pivot_assets.core.hardware import resolve_dtype
+    from pivot_assets.core import hardware
     from pivot_assets.core.ids import canonical_json, short_hash
 
     from .runs import (ARM_SPECS, arm_dir, arm_key, init_model, is_done, prompts_per_step, steps_for_pool,
-                       training_device, write_marker)
+                       write_marker)
 
     trainer, pivot_set, _ = ARM_SPECS[arm]
     verifiers = arm_verifiers(verifier_sets, arm)
@@ -151,7 +151,7 @@ def train_arm(wh: "Warehouse", cfg: "PivotConfig", arm: str, seed: int, verifier
         log(f"ablation {arm} seed {seed}: sft on {len(turn_ids)} {SET_TABLES[pivot_set]} pool turns, {epochs} "
             f"pass(es) from {init}")
         result = train_same_data_sft(init, pivot_turns(wh, pivots), options, out,
-                                     resolve_dtype(cfg.sft.dtype, cfg.policy.device), log, threads=cfg.runtime.threads,
+                                     hardware.sft_precision(cfg), log, threads=cfg.runtime.threads,
                                      device=cfg.policy.device, fmt=fmt, epochs=epochs)
         trained, steps = result["turns_trained"], result["steps"]
         stats = {"n_train": result["n_examples"], "final_metric": result["rows"][-1]["loss"],
@@ -162,20 +162,22 @@ def train_arm(wh: "Warehouse", cfg: "PivotConfig", arm: str, seed: int, verifier
         from pivot_assets.core.progress import Progress
         from pivot_assets.curation.exports import to_hf_dataset
 
-        from .grpo import run_grpo
         from pivot_assets.core.split import ConversationSplit
+
+        from .grpo import run_grpo
         from .vllm_rollout import resolve_rollout_engine
 
         steps = steps_for_pool(len(turn_ids), prompts_per_step(cfg, "grpo"), epochs)
         dataset = to_hf_dataset(pivots, wh.read("trajectories"))
-        device = training_device()
+        device = hardware.training_device()
         options = cfg.training.model_copy(update={"steps": steps, "seed": seed})
         log(f"ablation {arm} seed {seed}: grpo on {len(turn_ids)} {SET_TABLES[pivot_set]} pool turns, {steps} steps "
             f"({epochs} pass(es)) from {init}")
         progress = Progress(total=steps, unit=f"{arm} s{seed} grpo steps", log=log, every_s=0)
         run = run_grpo(init, dataset, verifiers, options, out, cpu_smoke=False,
-                       precision=resolve_dtype(cfg.training.dtype, device), threads=cfg.runtime.threads,
-                       held_out=ConversationSplit.from_config(cfg).not_in_pool(wh), device=device, fmt=fmt, full_passes=True,
+                       precision=hardware.training_precision(cfg, device), threads=cfg.runtime.threads,
+                       held_out=ConversationSplit.from_config(cfg).not_in_pool(wh), device=device, fmt=fmt,
+                       full_passes=True,
                        run_key=key, log_line=log,  # checkpoints every training.save_steps: a killed arm resumes
                        rollout=resolve_rollout_engine(cfg),
                        on_step=lambda r: progress.reach(r["step"], f"reward {r.get('reward_mean') or 0:.3f}"))

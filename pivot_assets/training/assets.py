@@ -58,9 +58,9 @@ def launched_result(context: dg.AssetExecutionContext, cfg: PivotConfig, stage: 
     from pivot_assets.core.hardware import Precision
 
     from .launcher import launch_command, launch_env
-    from .runs import has_cuda
+    from pivot_assets.core import hardware
 
-    on_gpu = has_cuda() if stage == "grpo" else cfg.policy.device != "cpu"
+    on_gpu = hardware.has_cuda() if stage == "grpo" else cfg.policy.device != "cpu"
     with tempfile.TemporaryDirectory(prefix="pivot-launch-") as tmp:
         config_json = Path(tmp) / "config.json"  # every rank reads the run's config from here
         config_json.write_text(cfg.model_dump_json())

@@ -268,7 +268,7 @@ EVAL_SEEDING = "per_sample"  # local_accuracy's draws: one seed per (turn, sampl
 
 def local_key(cfg: "PivotConfig", turns: list[str], verifiers, draw: int = 0) -> str:
     """What one draw of local accuracy depends on: the turns, eval_k, verifier, sampling, engine, prompts."""
-    from pivot_assets.core.hardware import resolve_dtype
+    from pivot_assets.core.hardware import policy_precision
     from pivot_assets.core.ids import canonical_json, short_hash
 
     from .runs import eval_seed
@@ -278,7 +278,7 @@ def local_key(cfg: "PivotConfig", turns: list[str], verifiers, draw: int = 0) ->
         "turns": sorted(turns), "k": cfg.training.eval_k, "verifier": verifiers.fingerprint,
         "max_new_tokens": cfg.training.max_completion_length, "seed": eval_seed(cfg, draw),
         "sampling": [engine.temperature, engine.top_p],
-        "engine": [engine.backend, resolve_dtype(engine.dtype, engine.device).dtype, engine.device],
+        "engine": [engine.backend, policy_precision(engine).dtype, engine.device],
         "format": [engine.chat_template, engine.thinking, engine.thinking_budget],  # prompts and stored completions
         "seeding": EVAL_SEEDING,
     }))
@@ -286,12 +286,12 @@ def local_key(cfg: "PivotConfig", turns: list[str], verifiers, draw: int = 0) ->
 
 def ood_key(cfg: "PivotConfig", probe: list[dict]) -> str:
     """What OOD accuracy depends on: the probe items and the engine (greedy: no seed)."""
-    from pivot_assets.core.hardware import resolve_dtype
+    from pivot_assets.core.hardware import policy_precision
     from pivot_assets.core.ids import canonical_json, short_hash
 
     engine = evaluation_engine(cfg)
     return short_hash(canonical_json({
-        "probe": short_hash(canonical_json(probe)), "dtype": resolve_dtype(engine.dtype, engine.device).dtype,
+        "probe": short_hash(canonical_json(probe)), "dtype": policy_precision(engine).dtype,
         "device": engine.device, "format": [engine.chat_template, engine.thinking, engine.thinking_budget]}))
 
 
@@ -309,13 +309,13 @@ def policy_scores(wh: "Warehouse", cfg: "PivotConfig", model: str, model_fp: str
                   rows: list[dict], probe: list[dict], verifiers, log, engines: "EngineSlot | None" = None) -> dict:
     """{"turns": {draw: {turn_id: mean reward}}, "ood": [0/1 per probe item], "seconds", "cached"} for one model;
     each draw and the probe read back from warehouse/eval_cache when this model was scored with them before."""
-    from pivot_assets.core.hardware import resolve_dtype
+    from pivot_assets.core.hardware import policy_precision
     from pivot_assets.policies.models import PromptFormat
 
     from .runs import eval_seed
 
     engine = evaluation_engine(cfg)
-    precision = resolve_dtype(engine.dtype, engine.device)
+    precision = policy_precision(engine)
     turn_ids = [r["turn_id"] for r in rows]
     seconds, cached = 0.0, True
     turns: dict[int, dict[str, float]] = {}
@@ -403,10 +403,10 @@ def compare(cfg: "PivotConfig", policies: list[tuple[Policy, dict]], sets: dict[
     then conversations (`groups`: {turn_id: conversation}; default: every turn its own), then turns).
     `pooled`: {arm: [policy names]} adds one row per arm and set over all its seeds (seed = null), when it has
     several."""
-    from pivot_assets.core.hardware import resolve_dtype
+    from pivot_assets.core.hardware import policy_precision
 
     engine = evaluation_engine(cfg)
-    precision = resolve_dtype(engine.dtype, engine.device)
+    precision = policy_precision(engine)
     several = {arm: names for arm, names in (pooled or {}).items() if len(names) >= 2}
     entries = list(policies) + pooled_entries(policies, several)
     ref = next((s for p, s in policies if p.name == reference), None)

@@ -56,8 +56,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from pivot_assets.core.hardware import Precision, resolve_dtype
-from pivot_assets.core.hardware import configure_torch
+from pivot_assets.core import hardware
+from pivot_assets.core.hardware import Precision, configure_torch
 from pivot_assets.core.shapes import as_canonical_messages
 from pivot_assets.environments import TurnState
 
@@ -167,7 +167,6 @@ def make_verifier_reward(domain_verifiers, tokenizer=None):
 def _grpo_config_kwargs(options: "TrainingSection", output_dir: str, *, cpu_smoke: bool,
                         precision: Precision, checkpoints: bool = False) -> dict:
     """GRPOConfig keyword arguments from the `training:` section, the smoke caps, the precision and the passthrough."""
-    import torch
     from trl import GRPOConfig
 
     steps, k, length = options.steps, options.num_generations, options.max_completion_length
@@ -178,7 +177,7 @@ def _grpo_config_kwargs(options: "TrainingSection", output_dir: str, *, cpu_smok
         if (steps, k, length) != (options.steps, options.num_generations, options.max_completion_length):
             log.warning("GRPO cpu_smoke caps applied: steps %d, num_generations %d, max_completion_length %d",
                         steps, k, length)
-    on_gpu = torch.cuda.is_available() and not cpu_smoke
+    on_gpu = hardware.has_cuda() and not cpu_smoke
     kwargs = {
         "output_dir": output_dir,
         "max_steps": steps,
@@ -441,10 +440,10 @@ def _rollout_record(engine) -> dict:
 
 def grpo_run_status(wh: "Warehouse", cfg: "PivotConfig", verifiers) -> dict:
     """The grpo_run run: {key, model_dir, precision, skipped (a model with this key and its table are there)}."""
-    from .runs import GRPO_DIR, grpo_key, is_done, training_device
+    from .runs import GRPO_DIR, grpo_key, is_done
 
     out, key = wh.model_dir(GRPO_DIR), grpo_key(wh, cfg, verifiers.fingerprint)
-    return {"key": key, "model_dir": str(out), "precision": resolve_dtype(cfg.training.dtype, training_device()),
+    return {"key": key, "model_dir": str(out), "precision": hardware.training_precision(cfg),
             "skipped": is_done(out, key) and wh.exists("grpo_steps")}
 
 
@@ -461,7 +460,7 @@ def run_local_grpo(wh: "Warehouse", cfg: "PivotConfig", verifiers, log: Callable
     from pivot_assets.core.catalog import SET_TABLES
     from pivot_assets.core.progress import Progress
 
-    from .runs import has_cuda, init_model, training_device, write_marker
+    from .runs import init_model, write_marker
     from pivot_assets.core.split import ConversationSplit
     from .vllm_rollout import resolve_rollout_engine
 
@@ -475,7 +474,7 @@ def run_local_grpo(wh: "Warehouse", cfg: "PivotConfig", verifiers, log: Callable
     if len(dataset) == 0:
         raise ValueError(f"grpo_run: the {table} pivot set is empty: nothing to train on "
                          f"(see `pivot sql pivot_funnel`; raise pivots.lambda_diff or profile more turns)")
-    cpu_smoke = not has_cuda()
+    cpu_smoke = not hardware.has_cuda()
     steps = min(cfg.training.steps, CPU_SMOKE_CAPS["steps"]) if cpu_smoke else cfg.training.steps
     log(f"grpo_run: {len(dataset)} pivots of {table}, {steps} steps, {precision.dtype} ({precision.reason})")
     progress = Progress(total=steps, unit="grpo steps", log=log, every_s=0)
@@ -490,7 +489,7 @@ def run_local_grpo(wh: "Warehouse", cfg: "PivotConfig", verifiers, log: Callable
 
     run = run_grpo(init_model(wh, cfg), dataset, verifiers, cfg.training, out, cpu_smoke=cpu_smoke,
                    precision=precision, on_step=on_step, threads=cfg.runtime.threads, held_out=held_out,
-                   device=training_device(), fmt=PromptFormat.from_policy(cfg.policy), run_key=key,
+                   device=hardware.training_device(), fmt=PromptFormat.from_policy(cfg.policy), run_key=key,
                    log_line=log, rollout=resolve_rollout_engine(cfg))
     from .launcher import is_main_process
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pivot_assets.core.catalog import SET_TABLES
 from pivot_assets.core.config import PivotConfig
-from pivot_assets.core import identity
+from pivot_assets.core import hardware, identity
 from pivot_assets.core.identity import fingerprint
 from pivot_assets.core.ids import seeded_int
 from pivot_assets.core.warehouse import Warehouse
@@ -72,7 +72,7 @@ def sft_identity(cfg: PivotConfig) -> dict:
     the split."""
     from pivot_assets.core.split import ConversationSplit
 
-    return {"sft": identity.sft_identity(cfg.sft, cfg.policy.device),
+    return {"sft": identity.sft_identity(cfg.sft, hardware.sft_precision(cfg).dtype),
             "split": ConversationSplit.from_config(cfg).identity}
 
 
@@ -91,12 +91,8 @@ def training_identity(cfg: PivotConfig, device: str = "cpu") -> dict:
     models sampled by the trainer itself are those made before the rollout engine existed)."""
     from .vllm_rollout import resolve_rollout_engine
 
-    return {**identity.training_identity(cfg.training, device), **resolve_rollout_engine(cfg).identity}
-
-
-def training_device() -> str:
-    """Where GRPO and the ablation's arms train: the GPU when there is one (training/grpo.py)."""
-    return "cuda" if has_cuda() else "cpu"
+    return {**identity.training_identity(cfg.training, hardware.training_precision(cfg, device).dtype),
+            **resolve_rollout_engine(cfg).identity}
 
 
 def model_fingerprint(model: str, cfg: PivotConfig) -> str:
@@ -119,18 +115,12 @@ def sft_key(wh: Warehouse, cfg: PivotConfig) -> str:
                         "base": model_fingerprint(base_model(cfg), cfg)})
 
 
-def has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def grpo_key(wh: Warehouse, cfg: PivotConfig, verifier_fp: str) -> str:
     from pivot_assets.core.split import ConversationSplit
 
     return fingerprint({
-        "training": grpo_run_identity(cfg, training_device()), "pivots": wh.data_version(SET_TABLES[cfg.training.set]),
-        "init": model_fingerprint(init_model(wh, cfg), cfg), "verifier": verifier_fp, "cpu_smoke": not has_cuda(),
+        "training": grpo_run_identity(cfg, hardware.training_device()), "pivots": wh.data_version(SET_TABLES[cfg.training.set]),
+        "init": model_fingerprint(init_model(wh, cfg), cfg), "verifier": verifier_fp, "cpu_smoke": not hardware.has_cuda(),
         "split": ConversationSplit.from_config(cfg).fingerprint(wh),
     })
 
@@ -184,7 +174,7 @@ def arm_key(wh: Warehouse, cfg: PivotConfig, arm: str, seed: int, verifier_fp: s
     from pivot_assets.core.split import ConversationSplit
 
     trainer, pivot_set, _ = ARM_SPECS[arm]
-    section = training_identity(cfg, training_device()) if trainer == "grpo" else sft_identity(cfg)["sft"]
+    section = training_identity(cfg, hardware.training_device()) if trainer == "grpo" else sft_identity(cfg)["sft"]
     # what the arms never read: their steps come from their pools, and training.set is grpo_run's
     section = {k: v for k, v in section.items() if k not in ARM_UNUSED}
     return fingerprint({
@@ -192,7 +182,7 @@ def arm_key(wh: Warehouse, cfg: PivotConfig, arm: str, seed: int, verifier_fp: s
         "sft_lr": cfg.ablation.sft_learning_rate if cfg.ablation else None,
         "pool": fingerprint(sorted(pool or [])), "pivots": wh.data_version(SET_TABLES[pivot_set]),
         "init": model_fingerprint(init_model(wh, cfg), cfg), "verifier": verifier_fp,
-        "split": ConversationSplit.from_config(cfg).fingerprint(wh), "device": training_device(),
+        "split": ConversationSplit.from_config(cfg).fingerprint(wh), "device": hardware.training_device(),
     })
 
 

@@ -26,7 +26,7 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from pivot_assets.core.hardware import Precision, configure_torch, resolve_dtype
+from pivot_assets.core.hardware import Precision, configure_torch, sft_precision
 from pivot_assets.core.identity import fingerprint
 from pivot_assets.core.shapes import as_canonical_messages, as_list, to_template_messages
 from pivot_assets.policies.models import PromptFormat, load_model, load_tokenizer, render_chat
@@ -503,7 +503,7 @@ def sft_run_status(wh: "Warehouse", cfg: "PivotConfig") -> dict:
     from .runs import SFT_DIR, is_done, sft_key
 
     out, key = wh.model_dir(SFT_DIR), sft_key(wh, cfg)
-    return {"key": key, "model_dir": str(out), "precision": resolve_dtype(cfg.sft.dtype, cfg.policy.device),
+    return {"key": key, "model_dir": str(out), "precision": sft_precision(cfg),
             "skipped": is_done(out, key) and wh.exists("sft_steps")}
 
 

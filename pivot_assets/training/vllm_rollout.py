@@ -56,7 +56,7 @@ def resolve_rollout_engine(cfg) -> RolloutEngine:
     """training.rollout_engine: `auto` = the policy's engine when it samples GRPO's rollouts (its grpo_rollouts
     capability: vLLM), else the trainer's own generation; `vllm` asks for it (one line where it is not installed)."""
     from pivot_assets.core.engines import capabilities, missing
-    from pivot_assets.core.hardware import resolve_dtype, resolve_threads
+    from pivot_assets.core.hardware import policy_precision, resolve_threads
 
     wanted = cfg.training.rollout_engine
     if wanted == "auto":  # the policy's engine where it can, and is installed (else preflight names the backend)
@@ -69,7 +69,7 @@ def resolve_rollout_engine(cfg) -> RolloutEngine:
     if why:
         raise ValueError(f"training.rollout_engine {wanted}: {why}")
     device = cfg.policy.device if str(cfg.policy.device).startswith("cuda") else "cpu"
-    return RolloutEngine("vllm", device, resolve_dtype(cfg.policy.dtype, device).dtype,
+    return RolloutEngine("vllm", device, policy_precision(cfg.policy, device).dtype,
                          resolve_threads(cfg.runtime.threads), dict(cfg.policy.engine_args))
 
 

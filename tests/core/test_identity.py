@@ -15,7 +15,7 @@ import pytest
 from pydantic import create_model
 
 import pivot_assets.training.runs as runs
-from pivot_assets.core import identity
+from pivot_assets.core import hardware, identity
 from pivot_assets.core.config import (
     PivotConfig,
     PolicySection,
@@ -122,7 +122,7 @@ def stubbed_keys(monkeypatch):
     """Run keys without a warehouse: data versions, model fingerprints and the split are stand-ins."""
     monkeypatch.setattr(runs, "model_fingerprint",
                         lambda model, cfg: f"model:{Path(model).name}:{cfg.policy.chat_template}:{cfg.policy.thinking}")
-    monkeypatch.setattr(runs, "has_cuda", lambda: False)
+    monkeypatch.setattr(hardware, "has_cuda", lambda: False)
     monkeypatch.setattr(runs, "trajectories_version", lambda wh: wh.data_version("trajectories"))
     monkeypatch.setattr(ConversationSplit, "fingerprint", lambda self, wh: "split")
 
@@ -280,7 +280,7 @@ def real_identity_values(tmp_path: Path, monkeypatch) -> dict:
         "split_fingerprint:three_way": ConversationSplit.from_config(three_way).fingerprint(wh),
     }
     # the composed keys also name the training device: pinned as on a CPU box (has_cuda is pinned on its own below)
-    monkeypatch.setattr(runs, "has_cuda", lambda: False)
+    monkeypatch.setattr(hardware, "has_cuda", lambda: False)
     out["sft_key"] = runs.sft_key(wh, cfg)
     out["grpo_key"] = runs.grpo_key(wh, cfg, "vfp")
     for arm in ("grpo_adv", "sft_same_data"):
@@ -317,8 +317,8 @@ def test_has_cuda_is_torchs_answer():
     """The stub above says has_cuda() is False; the real one asks torch, and the training device follows it."""
     import torch
 
-    assert runs.has_cuda() is torch.cuda.is_available()
-    assert runs.training_device() == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert hardware.has_cuda() is torch.cuda.is_available()
+    assert hardware.training_device() == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def test_tiny_model_is_built_the_same_every_time(tiny_model_dir, embedded_model_dir, tmp_path):

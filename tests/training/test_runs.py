@@ -5,6 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import yaml
 
+from pivot_assets.core import hardware
 from pivot_assets.core.config import load_config
 from pivot_assets.core.warehouse import Warehouse
 from pivot_assets.training import runs
@@ -149,17 +150,16 @@ def test_ablation_config_rejects_unknown_arms(tmp_path):
 def test_a_gpu_run_key_records_the_dtype_resolved_on_the_gpu(tmp_path, monkeypatch):
     """The GRPO key names the device training runs on and the dtype resolved there: on a GPU with bf16 and a CPU
     without it, `dtype: auto` is bf16 in the key, not the CPU's fp32."""
-    import pivot_assets.core.hardware as hardware
 
     monkeypatch.setattr("pivot_assets.policies.models.policy_fingerprint", lambda model, fmt=None: f"fp:{model}")
     monkeypatch.setattr(hardware, "native_bf16", lambda device="cpu": (device.startswith("cuda"), "stub"))
     wh = _warehouse(tmp_path)
     wh.write_table("pivots_adv", pa.table({"turn_id": ["t1"]}))
     cfg = _cfg(tmp_path)
-    monkeypatch.setattr(runs, "has_cuda", lambda: False)
-    cpu_key, cpu_identity = runs.grpo_key(wh, cfg, "v1"), runs.training_identity(cfg, runs.training_device())
-    monkeypatch.setattr(runs, "has_cuda", lambda: True)
-    gpu_key, gpu_identity = runs.grpo_key(wh, cfg, "v1"), runs.training_identity(cfg, runs.training_device())
+    monkeypatch.setattr(hardware, "has_cuda", lambda: False)
+    cpu_key, cpu_identity = runs.grpo_key(wh, cfg, "v1"), runs.training_identity(cfg, hardware.training_device())
+    monkeypatch.setattr(hardware, "has_cuda", lambda: True)
+    gpu_key, gpu_identity = runs.grpo_key(wh, cfg, "v1"), runs.training_identity(cfg, hardware.training_device())
     assert (cpu_identity["dtype"], gpu_identity["dtype"]) == ("float32", "bfloat16")
     assert cpu_key != gpu_key
     # the same keys without the device: only the dtype and the device (cpu_smoke) tell them apart
