@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import sys
 import time
@@ -140,6 +142,36 @@ def run_labels(job: dg.JobDefinition) -> dict[str, str]:
     return {REPOSITORY_LABEL_TAG: f"{SINGLETON_REPOSITORY_NAME}@{CODE_LOCATION}"}
 
 
+def run_origin(job: dg.JobDefinition):
+    """The code location and job a run of a named job belongs to, recorded on the run as launched runs have it: the
+    UI's Overview timeline groups runs by it (a run without one is left off) and the job's page finds them by it."""
+    from dagster._core.definitions.repository_definition.valid_definitions import (
+        SINGLETON_REPOSITORY_NAME,
+    )
+    from dagster._core.remote_origin import RegisteredCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
+
+    from pivot_jobs import CODE_LOCATION
+
+    if job.name.startswith("__"):
+        return None
+    return RemoteJobOrigin(RemoteRepositoryOrigin(RegisteredCodeLocationOrigin(CODE_LOCATION), SINGLETON_REPOSITORY_NAME),
+                           job.name)
+
+
+@contextlib.contextmanager
+def runs_recorded_with(instance: dg.DagsterInstance, origin):
+    """execute_in_process creates its run with no origin: for the duration, the instance creates runs with
+    `origin` (an instance attribute shadowing the method, removed again on exit)."""
+    if origin is None:
+        yield
+        return
+    instance.create_run_for_job = functools.partial(instance.create_run_for_job, remote_job_origin=origin)
+    try:
+        yield
+    finally:
+        del instance.create_run_for_job
+
+
 def run_assets(defs: dg.Definitions, keys: list[dg.AssetKey], instance: dg.DagsterInstance,
                run_id: str | None = None, partition_key: str | None = None) -> RunReport:
     """One run of `keys` (of one shard's partition when partition_key is given)."""
@@ -155,15 +187,16 @@ def run_assets(defs: dg.Definitions, keys: list[dg.AssetKey], instance: dg.Dagst
     # Dagster's console logger defaults to DEBUG (every engine event); stage progress lines are INFO.
     level = os.environ.get("PIVOT_LOG_LEVEL", "INFO").upper()
     token = process_token()
-    result = job.execute_in_process(
-        instance=instance,
-        asset_selection=keys,
-        raise_on_error=False,
-        run_id=run_id,
-        partition_key=partition_key,
-        tags={**run_labels(job), **({PROCESS_TAG: token} if token else {})},
-        run_config={"loggers": {"console": {"config": {"log_level": level}}}},
-    )
+    with runs_recorded_with(instance, run_origin(job)):
+        result = job.execute_in_process(
+            instance=instance,
+            asset_selection=keys,
+            raise_on_error=False,
+            run_id=run_id,
+            partition_key=partition_key,
+            tags={**run_labels(job), **({PROCESS_TAG: token} if token else {})},
+            run_config={"loggers": {"console": {"config": {"log_level": level}}}},
+        )
     materialized = sorted(
         {e.asset_key.to_user_string() for e in result.get_asset_materialization_events() if e.asset_key}
     )

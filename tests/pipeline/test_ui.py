@@ -78,7 +78,9 @@ def test_run_launched_through_the_webserver(tmp_path):
 
 def test_pivot_ui_shows_the_runs_of_pivot_run_with_the_same_config(tmp_path):
     """A config outside the repo keeps its own instance (<its folder>/.dagster_home); `pivot ui --config` opens
-    the webserver on that instance and that config's definitions, so the run `pivot run --config` made is there."""
+    the webserver on that instance and that config's definitions, so the run `pivot run --config` made is there,
+    on the Overview timeline too: the timeline's own query (dagster-webui useRunsForTimeline) returns it with a
+    repository origin naming a job of the workspace (the timeline leaves off a run without one)."""
     from dagster_graphql import DagsterGraphQLClient
 
     project = tmp_path / "project"
@@ -93,7 +95,8 @@ def test_pivot_ui_shows_the_runs_of_pivot_run_with_the_same_config(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     assert (project / ".dagster_home").is_dir()
     port = free_port()
-    query = "{ runsOrError { ... on Runs { results { runId jobName status } } } }"
+    query = ("{ runsOrError(filter: {statuses: [SUCCESS]}) { ... on Runs { results { runId jobName status "
+             "repositoryOrigin { repositoryName repositoryLocationName } } } } }")  # the timeline's fields
     with serving([pivot, "ui", "--config", str(config), "--port", str(port)], env, tmp_path):
         deadline, runs = time.time() + 180, None
         while time.time() < deadline:
@@ -110,6 +113,11 @@ def test_pivot_ui_shows_the_runs_of_pivot_run_with_the_same_config(tmp_path):
     nodes = repos["repositoriesOrError"]["nodes"]
     assert nodes and nodes[0]["location"]["name"] == "pivot_curation"
     assert "pivot_pipeline" in {j["name"] for j in nodes[0]["jobs"]}
+    # the timeline's grouping: (repository, location, job) of the run must be a job the workspace holds
+    workspace_jobs = {(n["name"], n["location"]["name"], j["name"]) for n in nodes for j in n["jobs"]}
+    origin = runs[0]["repositoryOrigin"]
+    assert origin is not None, "a run without a repository origin is left off the Overview timeline"
+    assert (origin["repositoryName"], origin["repositoryLocationName"], runs[0]["jobName"]) in workspace_jobs
 
 
 def test_pivot_ui_with_a_bad_config_is_one_line(tmp_path):
