@@ -39,9 +39,12 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from pivot_assets.policies.base import GenerationRequest, SamplingConfig  # noqa: E402
-from pivot_assets.policies.transformers_backend import TransformersBackend, common_prefix_len  # noqa: E402
 from pivot_assets.core.ids import turn_id  # noqa: E402
+from pivot_assets.policies.base import GenerationRequest, SamplingConfig  # noqa: E402
+from pivot_assets.policies.transformers_backend import (  # noqa: E402
+    TransformersBackend,
+    common_prefix_len,
+)
 
 DATA = REPO.parent / "shared" / "data" / "tau2-bench" / "airline_run1.json"
 
@@ -50,7 +53,7 @@ def load_turns(n_traj: int, n_turns: int) -> list[GenerationRequest]:
     """First `n_turns` assistant turns (0: all) of the first `n_traj` trajectories that have that many."""
     import json
 
-    from pivot_assets.ingest.formats import iter_ingest
+    from tests.ingest.reference import iter_ingest
 
     requests = []
     for kind, row in iter_ingest([{"path": str(DATA), "format": "tau2"}]):
@@ -245,10 +248,10 @@ def run_raw_vllm(backend_args: dict, prompt_ids: list[list[int]], requests, samp
 
 def engines_side_by_side(args) -> None:
     from pivot_assets.core.config import load_config
+    from pivot_assets.core.engines import missing
     from pivot_assets.core.hardware import describe_cpu, resolve_dtype
     from pivot_assets.core.warehouse import Warehouse
     from pivot_assets.policies.base import SamplingConfig
-    from pivot_assets.core.engines import missing
     from pivot_assets.profiling.profiler import generation_requests, select_turns
 
     if missing("vllm"):

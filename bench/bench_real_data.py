@@ -203,8 +203,8 @@ def prompt_stats(tok, trajectories: dict, turns: list[dict]) -> tuple[dict, list
 
 def measure_only(tok, path: Path, context: int) -> dict:
     """Prompt lengths of an input that is not profiled (ingested here in memory by the reference path)."""
-    from pivot_assets.ingest.formats import ingest_to_tables
     from pivot_assets.ingest.turn_extraction import extract_turns
+    from tests.ingest.reference import ingest_to_tables
 
     table, _, counts = ingest_to_tables([{"path": str(path.resolve())}])
     trajectories = {t["trajectory_id"]: t for t in table.to_pylist()}

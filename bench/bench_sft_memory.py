@@ -34,9 +34,9 @@ FUSED_CE = [m for m in ("liger_kernel", "cut_cross_entropy") if importlib.util.f
 
 
 def longest_examples(data: str, max_length: int, n: int) -> list[dict]:
-    from pivot_assets.ingest.formats import ingest_to_tables
     from pivot_assets.policies.models import load_tokenizer
     from pivot_assets.training.sft import build_examples
+    from tests.ingest.reference import ingest_to_tables
 
     trajectories, _, _ = ingest_to_tables([{"path": data}])
     rows = sorted(trajectories.to_pylist(), key=lambda r: -len(str(r["messages"])))[: 3 * n]

@@ -167,7 +167,7 @@ def _hf_rows(path: Path) -> int:
 
 def run_unit(unit: Unit) -> UnitResult:
     """Adapt every record of one unit: trajectory rows (not yet deduplicated) and quarantine rows. Records without
-    tools get the input's `tools:` file here, before dedup sees their ids (as formats.iter_ingest does)."""
+    tools get the input's `tools:` file here, before dedup sees their ids (as the reference loop, tests/ingest/reference.py, does)."""
     registry.load(unit.format_modules)
     result = _run_jsonl(unit) if unit.kind == "jsonl" else _adapt_in_python(_unit_records(unit), unit)
     result.input = unit.input

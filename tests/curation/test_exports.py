@@ -7,15 +7,25 @@ import json
 
 import polars as pl
 import pytest
-from tests.curation.test_contracts import build_world
 
-from pivot_assets.curation.exports import iter_pivot_states, responses_items, save_hf, to_hf_dataset, to_nemo_gym_rows, write_jsonl
-from pivot_assets.ingest.formats import iter_ingest
 from pivot_assets.core.config import PivotsSection
-from pivot_assets.curation.selection import select_pivots
-from pivot_assets.core.shapes import to_template_messages
 from pivot_assets.core.ids import canonical_json, trajectory_id, turn_id
-from pivot_assets.core.shapes import action_from_message, action_tool_names
+from pivot_assets.core.shapes import (
+    action_from_message,
+    action_tool_names,
+    to_template_messages,
+)
+from pivot_assets.curation.exports import (
+    iter_pivot_states,
+    responses_items,
+    save_hf,
+    to_hf_dataset,
+    to_nemo_gym_rows,
+    write_jsonl,
+)
+from pivot_assets.curation.selection import select_pivots
+from tests.curation.test_contracts import build_world
+from tests.ingest.reference import iter_ingest
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",

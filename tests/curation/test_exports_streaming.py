@@ -17,8 +17,8 @@ from pivot_assets.core.ids import seeded_unit
 from pivot_assets.core.warehouse import Warehouse
 from pivot_assets.curation import exports
 from pivot_assets.curation.tables import export_set, select_and_write
-from pivot_assets.ingest.formats import iter_ingest
 from pivot_assets.ingest.inputs import write_ingest, write_turns
+from tests.ingest.reference import iter_ingest
 
 DATASETS = ["nemo-gym", "tau2-bench", "bfcl",
             *(f"nemo-gym/resources_servers/{name}" for name in ("single_step_tool_use_with_argument_comparison",

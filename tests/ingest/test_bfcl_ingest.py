@@ -12,11 +12,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pivot_jobs.cli import main as pivot
 from pivot_assets.core.ids import canonical_json
 from pivot_assets.ingest import bfcl_records
-from pivot_assets.ingest.formats import ingest_to_tables
 from pivot_assets.ingest.turn_extraction import extract_turns
+from pivot_jobs.cli import main as pivot
+from tests.ingest.reference import ingest_to_tables
 
 bfcl_eval = pytest.importorskip("bfcl_eval", reason="bfcl-eval is not installed (`make setup` installs it)")
 BFCL_DATA = Path(bfcl_eval.__file__).parent / "data"
@@ -167,7 +167,9 @@ def test_the_sql_turns_equal_the_python_reference(run):
 
 def bfcl_results(item: dict, truth: list[list[str]], model_name: str) -> list[str]:
     """The results BFCL's own executor returns for the ground truth, turn by turn (fresh instances: a unique name)."""
-    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import execute_multi_turn_func_call
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import (
+        execute_multi_turn_func_call,
+    )
 
     results = []
     for calls in truth:
@@ -271,7 +273,11 @@ def test_acceptable_survives_a_round_trip_through_our_own_parquet(run, tmp_path)
 
 def test_acceptable_is_never_shown_to_a_model(run, embedded_model_dir):
     from pivot_assets.curation.exports import nemo_gym_rows
-    from pivot_assets.policies.models import load_tokenizer, render_action, render_prompt
+    from pivot_assets.policies.models import (
+        load_tokenizer,
+        render_action,
+        render_prompt,
+    )
     from pivot_assets.training.sft import build_sft_examples, turn_example
     from pivot_assets.verifiers.llm_judge import _state_view
 

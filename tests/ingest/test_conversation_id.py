@@ -6,7 +6,7 @@ import json
 import random
 
 from pivot_assets.core.ids import canonical_json, short_hash
-from pivot_assets.ingest.formats import ingest_to_tables
+from tests.ingest.reference import ingest_to_tables
 
 from .test_streaming import _chat, assert_same_as_reference, streamed, write_lines
 

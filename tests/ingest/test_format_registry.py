@@ -14,8 +14,8 @@ import pytest
 
 from pivot_assets.core.config import ConfigError, load_config
 from pivot_assets.ingest import streaming
-from pivot_assets.ingest.formats import Format, detect_format, ingest_to_tables, register
-from pivot_assets.ingest.formats import registry
+from pivot_assets.ingest.formats import Format, detect_format, register, registry
+from tests.ingest.reference import ingest_to_tables
 
 # The whole format: its module. `dialogue` rows [speaker, text], speakers q (user) and a (assistant).
 TOY_MODULE = '''"""toy: {"dialogue": [[speaker, text], ...], "score": number}; speakers q (user) and a (assistant)."""

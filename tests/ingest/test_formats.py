@@ -11,7 +11,8 @@ import pytest
 
 from pivot_assets.core.catalog import TRAJECTORY_SCHEMA
 from pivot_assets.ingest import formats
-from pivot_assets.ingest.formats import detect_format, ingest_to_tables, iter_ingest
+from pivot_assets.ingest.formats import detect_format
+from tests.ingest.reference import ingest_to_tables, iter_ingest
 
 TOOLS_CHAT = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city.",
                                                  "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from pivot_jobs.cli import main as pivot
 from pivot_assets.ingest import files, streaming
-from pivot_assets.ingest.formats import ingest_to_tables
+from pivot_jobs.cli import main as pivot
+from tests.ingest.reference import ingest_to_tables
 
 from .test_streaming import assert_same_as_reference, streamed
 

@@ -5,9 +5,14 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from pivot_assets.ingest.formats import ingest_to_tables
-from pivot_assets.ingest.sample_data import DEFAULT_N, SHOP_TOOLS, generate_trajectories, write_sample
+from pivot_assets.ingest.sample_data import (
+    DEFAULT_N,
+    SHOP_TOOLS,
+    generate_trajectories,
+    write_sample,
+)
 from pivot_assets.ingest.turn_extraction import extract_turns
+from tests.ingest.reference import ingest_to_tables
 
 
 def test_deterministic():

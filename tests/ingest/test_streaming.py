@@ -12,7 +12,7 @@ import pytest
 
 from pivot_assets.core.catalog import QUARANTINE_SCHEMA, TRAJECTORY_SCHEMA
 from pivot_assets.ingest import chat_sql, formats, streaming
-from pivot_assets.ingest.formats import ingest_to_tables
+from tests.ingest.reference import ingest_to_tables
 from tests.tau2_chat import tau2_as_openai_chat
 
 from .test_formats import OPENAI_RECORD, RESPONSES_RECORD

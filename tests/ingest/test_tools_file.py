@@ -11,8 +11,8 @@ import pytest
 
 from pivot_assets.core.config import ConfigError, load_config
 from pivot_assets.core.warehouse import Warehouse
-from pivot_assets.ingest.formats import ingest_to_tables
 from pivot_assets.ingest.inputs import resolved_inputs, write_ingest
+from tests.ingest.reference import ingest_to_tables
 
 REPO = Path(__file__).resolve().parents[2]
 AIRLINE_TOOLS = REPO / "configs" / "tools" / "tau2_airline.json"
@@ -105,8 +105,8 @@ def test_airline_tools_cover_every_tool_the_sample_calls(shared_data_dir):
 
 @pytest.mark.slow
 def test_tau2_sample_profiled_with_airline_tools(shared_data_dir, tmp_path, monkeypatch, tiny_model_dir):
-    from pivot_jobs.cli import main as pivot
     from pivot_assets.policies.models import load_tokenizer, render_prompt
+    from pivot_jobs.cli import main as pivot
 
     sample = shared_data_dir / "tau2-bench" / "airline_run1.json"
     if not sample.is_file():

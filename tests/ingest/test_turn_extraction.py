@@ -9,11 +9,16 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from pivot_assets.ingest.formats import ingest_to_tables
-from pivot_assets.ingest.sample_data import write_sample
-from pivot_assets.core.ids import canonical_json, turn_id
 from pivot_assets.core.catalog import TURNS_SCHEMA
-from pivot_assets.ingest.turn_extraction import extract_turns, extract_turns_parquet, state_for_turn, turn_macros_sql
+from pivot_assets.core.ids import canonical_json, turn_id
+from pivot_assets.ingest.sample_data import write_sample
+from pivot_assets.ingest.turn_extraction import (
+    extract_turns,
+    extract_turns_parquet,
+    state_for_turn,
+    turn_macros_sql,
+)
+from tests.ingest.reference import ingest_to_tables
 
 
 def ingest(tmp_path: Path, records: list[dict]):

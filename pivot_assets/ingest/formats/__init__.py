@@ -1,6 +1,7 @@
 """Trajectory ingestion: readers, input formats and the quarantine rules (Dagster-free).
 
-This package is the reference: `iter_ingest` adapts one record at a time. The pipeline (`inputs.write_ingest`)
+`ingest.ingest_record` adapts one record (tests/ingest/reference.py loops over inputs with it, one record at a
+time: the reference). The pipeline (`inputs.write_ingest`)
 streams the same rules through `streaming.py` in bounded units and worker processes, where JSONL lines first go
 through `chat_sql.py`, the openai adapter as one DuckDB query, which takes only what it can prove gives the same
 row and hands every other line back to the adapters here; tests check that both give identical tables.
@@ -60,8 +61,7 @@ from pivot_assets.core.catalog import MESSAGE_TYPE, QUARANTINE_SCHEMA, TRAJECTOR
 # this order; detection asks them in it, the generic openai last). A new format: its module's name on this line.
 from . import openai, responses, tau2, sharegpt, bfcl  # noqa: F401, I001  (the order is the registration order)
 from .default_tools import fill_default_tools, load_tools_file, with_default_tools
-from .ingest import (CONVERSATION_ID_FIELDS, adapt_record, as_input, conversation_id, ingest_record, ingest_to_tables,
-                     iter_ingest)
+from .ingest import CONVERSATION_ID_FIELDS, adapt_record, as_input, conversation_id, ingest_record
 from .messages import CHAT_ROLES, chat_messages
 from .messages import canonical_arguments as _arguments  # chat_sql.py's name for it
 from .readers import (expand_paths, iter_raw_records, jsonl_record, read_hf_dataset, read_json, read_jsonl,
@@ -76,8 +76,8 @@ from .validation import normalize_tools, parse_reward, validate_messages
 __all__ = [
     "MESSAGE_TYPE", "TRAJECTORY_SCHEMA", "QUARANTINE_SCHEMA", "MAX_RECORD_BYTES", "RAW_CAP", "PARQUET_BATCH_ROWS",
     "CONVERSATION_ID_FIELDS", "CHAT_ROLES", "RecordError", "Input", "Origin", "RawRecord", "Format", "register",
-    "format_names", "detect_format", "iter_ingest", "ingest_record", "adapt_record", "as_input", "conversation_id",
-    "ingest_to_tables", "iter_raw_records", "expand_paths", "scan_paths", "read_json", "read_jsonl", "read_parquet",
+    "format_names", "detect_format", "ingest_record", "adapt_record", "as_input", "conversation_id",
+    "iter_raw_records", "expand_paths", "scan_paths", "read_json", "read_jsonl", "read_parquet",
     "read_hf_dataset", "jsonl_record", "chat_messages", "validate_messages", "normalize_tools", "parse_reward",
     "load_tools_file", "with_default_tools", "fill_default_tools", "_arguments",
 ]

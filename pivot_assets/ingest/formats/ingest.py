@@ -1,5 +1,6 @@
-"""The reference ingest: every record of every input, one at a time, through its format's adapter and the shared
-rules (Dagster-free). The pipeline streams the same rules through streaming.py; tests check both agree.
+"""One record through its format's adapter and the shared rules (Dagster-free): what the pipeline's streaming
+ingest (streaming.py) applies to every record; tests/ingest/reference.py loops over records with it one at a time,
+as the reference the streaming ingest is checked against.
 
 Every input record becomes exactly one of ("trajectory", row), ("quarantine", row) or ("duplicate", row): see the
 package docstring. conversation_id: rule in the package docstring (CONVERSATION_ID_FIELDS).
@@ -7,45 +8,17 @@ package docstring. conversation_id: rule in the package docstring (CONVERSATION_
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
 from typing import Any
 
-import pyarrow as pa
 
-from pivot_assets.core.catalog import QUARANTINE_SCHEMA, TRAJECTORY_SCHEMA
 from pivot_assets.core.ids import canonical_json, short_hash, trajectory_id
 
 from . import registry
-from .default_tools import fill_default_tools, load_tools_file
 from .quarantine import quarantine_row
-from .readers import iter_raw_records
 from .records import Input, Origin, RawRecord, RecordError, parse_json_text
 from .validation import check_encodable, normalize_tools, parse_reward, validate_messages
 
 CONVERSATION_ID_FIELDS = ("session_id", "task_id", "_ng_task_index")
-
-
-def iter_ingest(inputs: Iterable[Any]) -> Iterator[tuple[str, dict]]:
-    """Ingest every record of every input: yields ("trajectory"|"quarantine"|"duplicate", row).
-
-    `inputs` items are objects or dicts with `path` (file, directory or glob), `format` and optional `domain`.
-    Identical trajectories (same trajectory_id) are kept once across all inputs. Streams: one file's
-    records plus the set of seen ids are held at a time.
-    """
-    seen: set[str] = set()
-    for item in inputs:
-        spec = as_input(item)
-        default_tools = load_tools_file(spec.tools) if spec.tools else None
-        for raw in iter_raw_records(spec.path):
-            kind, row = ingest_record(raw, spec.format, spec.domain, spec.answers)
-            if kind == "trajectory":
-                row = fill_default_tools(row, default_tools)
-                if row["trajectory_id"] in seen:
-                    kind = "duplicate"
-                    row = {"trajectory_id": row["trajectory_id"], "source": row["source"], "record": row["record"]}
-                else:
-                    seen.add(row["trajectory_id"])
-            yield kind, row
 
 
 def ingest_record(raw: RawRecord, fmt: str = "auto", domain: str | None = None,
@@ -140,14 +113,3 @@ def as_input(item: Any) -> Input:
         raise ValueError(f"unknown input format {fmt!r} (one of {', '.join((registry.AUTO, *registry.names()))})")
     return Input(path=str(get("path")), format=fmt, domain=get("domain", None), tools=get("tools", None),
                  answers=get("answers", None))
-
-
-def ingest_to_tables(inputs: Iterable[Any]) -> tuple[pa.Table, pa.Table, dict]:
-    """Convenience for small inputs and tests: (trajectories, quarantine, counts) held in memory."""
-    rows: dict[str, list] = {"trajectory": [], "quarantine": [], "duplicate": []}
-    for kind, row in iter_ingest(inputs):
-        rows[kind].append(row)
-    counts = {k: len(v) for k, v in rows.items()}
-    counts["read"] = sum(counts.values())
-    return (pa.Table.from_pylist(rows["trajectory"], schema=TRAJECTORY_SCHEMA),
-            pa.Table.from_pylist(rows["quarantine"], schema=QUARANTINE_SCHEMA), counts)
