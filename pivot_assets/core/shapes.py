@@ -19,6 +19,11 @@ from typing import Any
 ROLES = ("system", "user", "assistant", "tool")
 ACTION_KINDS = ("tool_call", "message", "tool_call_batch")
 
+# In an expected call's `acceptable` list of values: "this argument may be left out" (BFCL's possible_answer marker).
+# Ingest writes it, the verifiers read it: one definition.
+OMITTABLE = ""
+
+
 class ContentError(ValueError):
     """Message content that is not text: not a string, None or a list of text parts."""
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from pivot_assets.core.shapes import OMITTABLE
+
 # BFCL type name -> JSON Schema type (None: any value, so the key is dropped)
 BFCL_TYPES: dict[str, str | None] = {"dict": "object", "float": "number", "tuple": "array", "any": None,
                                      "list": "array", "int": "integer", "bool": "boolean", "str": "string"}
-OMITTABLE = ""  # BFCL's marker, in a list of accepted values, for "the argument may be left out"
 
 
 class BFCLError(ValueError):

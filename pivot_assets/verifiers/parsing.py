@@ -29,7 +29,7 @@ import re
 from functools import lru_cache
 from typing import Any, NamedTuple
 
-from pivot_assets.core.shapes import ContentError, content_text
+from pivot_assets.core.shapes import OMITTABLE, ContentError, content_text
 
 from .canonical import canonical_args, canonical_key, canonicalize, loads_canonical, reload_canonical
 
@@ -121,7 +121,6 @@ def make_call(name: Any, raw_args: Any, where: str = "tool call") -> Call:
         raise ParseError(f"{where} {name!r}: arguments nested too deeply") from None
 
 
-OMITTABLE = ""  # in a list of accepted values: the argument may be left out (BFCL's possible_answer marker)
 
 
 def parse_acceptable(acceptable: Any, call: Call, where: str) -> dict[str, Accepted]:
