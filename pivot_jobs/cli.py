@@ -284,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def ui_workspace(home: Path) -> Path:
-    """A Dagster workspace in the instance directory that loads `pipeline.definitions` (the config from
+    """A Dagster workspace in the instance directory that loads `pivot_jobs.definitions.definitions` (the config from
     $PIVOT_CONFIG) under the code location `pivot run` labels its runs with."""
     from pivot_jobs import CODE_LOCATION
 
