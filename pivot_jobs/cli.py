@@ -53,7 +53,7 @@ def cmd_run(args) -> int:
         print("nothing is stale" + ("" if args.missing else " (never-materialized assets run with --missing)"))
         return 0
     keys = sorted({k for k, _ in targets}, key=lambda k: k.to_user_string())
-    defs = _preflight(cfg, defs, keys)
+    defs = _preflight(shared, defs, keys)
     if shard is not None:  # a shard run's rollouts step checks its own shard's parts
         from pivot_jobs.shard_runs import run_one_shard
 
@@ -87,15 +87,16 @@ def _run_targets(args, defs, instance) -> list:
     return [(r.key, r.partition) for r in rows] + [(k, None) for k in keys if k not in {r.key for r in rows}]
 
 
-def _preflight(cfg, defs, keys):
+def _preflight(shared, defs, keys):
     """Check what the config names before anything runs (preflight.py); the definitions to run with, built again
-    when a Hub model was downloaded just now (its commit is in the rollouts' code version)."""
+    (on the same warehouse and verifiers) when a Hub model was downloaded just now (its commit is in the rollouts'
+    code version)."""
     from pivot_jobs import preflight
     from pivot_jobs.definitions import build_definitions
     from pivot_jobs.runner import selection_groups
 
-    fetched = preflight.check_run(cfg, selection_groups(defs, keys))
-    return build_definitions(cfg) if fetched else defs
+    fetched = preflight.check_run(shared.cfg, selection_groups(defs, keys))
+    return build_definitions(shared.cfg, shared) if fetched else defs
 
 
 ABLATION_SELECTION = "*ablation_results"  # what ablation_job runs: the ablation and everything upstream
