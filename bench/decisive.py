@@ -15,11 +15,13 @@ hierarchical bootstrap):
       draws: runs.eval_seed(cfg, d), per-sample seeds shared by every model), every held-out profiled item x eval_k
       samples -> <data>/eval_<model>_d<draw>.parquet (turn, conversation, sample, reward, in_mixed, in_adv).
 
-Each unit file is written atomically (a temp file renamed), as soon as its unit finishes, and a unit whose file
-exists is never computed again: rerun the same command after a kill, or on a new machine with the data dir and the
-config. Phase (a) runs only when a unit is missing, and a model is retrained only when an evaluation unit that needs
-it is missing and the model is not in the work dir (its train unit file is kept as it is). The runner ends with one
-line `decisive: computed N unit(s) (train T, eval E); M already present`.
+An arm's model is evaluated by the same job that trained it, right after (its train unit written first), so no
+trained model waits in a work dir that a new machine will not have. Each unit file is written atomically (a temp
+file renamed), as soon as its unit finishes, and a unit whose file exists is never computed again: rerun the same
+command after a kill, or on a new machine with the data dir and the config. Phase (a) runs only when a unit is
+missing. An evaluation whose model the work dir lacks trains the model again first; that second run's curve goes to
+<data>/retrain_<arm>_s<seed>.parquet (its train unit stays as it is) and the report shows both. The runner ends with
+one line `decisive: computed N unit(s) (train T, eval E); M already present`.
 
 The config is a pivot config with one section of its own, `decisive:` (stripped before pivot reads the config):
     decisive: {learning_rate: null, data: bench/data/decisive_bfcl, results: bench/RESULTS_decisive_bfcl.md,
@@ -151,7 +153,7 @@ def write_json_atomic(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _train_unit_job(root: str, cfg, arm: str, seed: int, out: str | None) -> dict:
+def _train_unit_job(root: str, cfg, arm: str, seed: int, out: str | None, block: str | None = None) -> dict:
     """train_arm in a worker (training/ablation._train_arm_job); writes the unit file when `out` is given."""
     from pivot_assets.core.warehouse import Warehouse
     from pivot_assets.training.ablation import _train_arm_job
@@ -166,7 +168,8 @@ def _train_unit_job(root: str, cfg, arm: str, seed: int, out: str | None) -> dic
                  "cand_overlap_adv": run["cand_overlap_adv"], "train_s": run["train_s"],
                  "learning_rate": cfg.training.learning_rate, "num_generations": cfg.training.num_generations,
                  "key": run["key"], "host": socket.gethostname(), "finished_at": time.time(),
-                 "unit_wall_s": round(time.time() - t0, 1), "retrained_from_cache": bool(run.get("skipped"))}
+                 "unit_wall_s": round(time.time() - t0, 1), "retrained_from_cache": bool(run.get("skipped")),
+                 "block": block}
         rows = [{"step": int(r["step"]), "reward_mean": r.get("reward_mean"),
                  "frac_reward_zero_std": r.get("frac_reward_zero_std"),
                  "useful": (None if r.get("frac_reward_zero_std") is None else 1.0 - r["frac_reward_zero_std"]),
@@ -194,7 +197,7 @@ def model_path(wh, cfg, model: str, draw: int) -> str:
 
 
 def _eval_unit_job(root: str, cfg, model: str, draw: int, rows: list[dict], groups: dict, sets: dict, out: str,
-                   engines=None) -> int:
+                   block: str | None = None) -> int:
     """local_accuracy of one model on one draw (the ablation's draw seeds and engine), per sample -> the unit file."""
     from pivot_assets.core.hardware import configure_torch
     from pivot_assets.core.warehouse import Warehouse
@@ -209,18 +212,93 @@ def _eval_unit_job(root: str, cfg, model: str, draw: int, rows: list[dict], grou
     t0 = time.time()
     result = local_accuracy(path, rows, VerifierSets.from_config(cfg).profiling, k=cfg.training.eval_k,
                             max_new_tokens=cfg.training.max_completion_length, seed=eval_seed(cfg, draw),
-                            temperature=engine.temperature, top_p=engine.top_p, policy=engine, engines=engines)
+                            temperature=engine.temperature, top_p=engine.top_p, policy=engine)
     seconds = round(time.time() - t0, 1)
     const = {"model": model, "draw": draw, "model_fp": model_fingerprint(path, cfg), "eval_k": cfg.training.eval_k,
              "eval_seed": eval_seed(cfg, draw), "backend": engine.backend, "seconds": seconds,
              "generated_tokens": result.get("generated_tokens"), "host": socket.gethostname(),
-             "finished_at": time.time()}
+             "finished_at": time.time(), "block": block}
     out_rows = [{"turn_id": t["turn_id"], "conversation_id": groups.get(t["turn_id"], t["turn_id"]), "sample": i,
                  "reward": float(r), "in_mixed": t["turn_id"] in sets.get("mixed", ()),
                  "in_adv": t["turn_id"] in sets.get("adv", ()), **const}
                 for t in result["per_turn"] for i, r in enumerate(t["rewards"])]
     write_parquet_atomic(out_rows, Path(out))
     return len(out_rows)
+
+
+SUPERSEDED = "superseded"  # <data>/superseded/: units of a seed left incomplete by another phase (a)
+
+
+def block_id(wh, cfg) -> str:
+    """What every unit of one seed must share: the reference's weights, the pivot sets and the held-out split
+    (phase (a)'s outputs). Phase (a) on another machine or in another precision gives another block."""
+    from pivot_assets.core.identity import fingerprint
+    from pivot_assets.core.split import ConversationSplit
+    from pivot_assets.training.runs import model_fingerprint, reference_model
+
+    return fingerprint({"reference": model_fingerprint(reference_model(wh, cfg), cfg),
+                        "adv": wh.data_version("pivots_adv"), "cand": wh.data_version("pivots_cand"),
+                        "split": ConversationSplit.from_config(cfg).fingerprint(wh)})[:16]
+
+
+def unit_block(path: Path) -> str | None:
+    import pyarrow.parquet as pq
+
+    names = pq.read_schema(path).names
+    return pq.read_table(path, columns=["block"]).column("block")[0].as_py() if "block" in names else None
+
+
+def supersede_other_blocks(data: Path, seeds: list[int], arms: list[str], block: str) -> list[str]:
+    """A seed's units are compared with each other (adv - cand on its draw, against its reference), so they must
+    come from one phase (a): the units of a seed that is not complete and that another block wrote (or that
+    predate blocks) move to <data>/superseded/ and are computed again. A complete seed is kept whatever its block."""
+    moved = []
+    for seed in seeds:
+        names = [train_name(a, seed) for a in arms] + [eval_name(m, seed) for m in (REFERENCE, *arms)]
+        names += [retrain_name(a, seed) for a in arms]
+        present = [n for n in names if (data / n).is_file()]
+        if all((data / n).is_file() for n in names if not n.startswith("retrain_")):
+            continue
+        for name in present:
+            if unit_block(data / name) != block:
+                (data / SUPERSEDED).mkdir(exist_ok=True)
+                os.replace(data / name, data / SUPERSEDED / name)
+                moved.append(name)
+    return moved
+
+
+def retrain_name(arm: str, seed: int) -> str:
+    return f"retrain_{arm}_s{seed}.parquet"
+
+
+def unit_tasks(train_units, eval_units, missing_train, missing_eval, data: Path, has_model) -> list[dict]:
+    """The jobs for the missing units, seed by seed (so that a slice of the run completes whole seeds): train (and
+    evaluate, when its evaluation is missing) each arm whose train unit is missing or whose model an evaluation needs
+    and the work dir lacks; evaluate the arms' models that are there; then the seed's reference evaluation."""
+    tasks = []
+    for seed in dict.fromkeys(s for _, s in [*train_units, *eval_units]):
+        for a, s in [u for u in train_units if u[1] == seed]:
+            eval_out = str(data / eval_name(a, s)) if (a, s) in missing_eval else None
+            if (a, s) in missing_train or (eval_out and not has_model(a, s)):
+                name = train_name(a, s) if (a, s) in missing_train else retrain_name(a, s)
+                tasks.append({"model": a, "seed": s, "train_out": str(data / name), "eval_out": eval_out})
+            elif eval_out:
+                tasks.append({"model": a, "seed": s, "train_out": None, "eval_out": eval_out})
+        if (REFERENCE, seed) in missing_eval:
+            tasks.append({"model": REFERENCE, "seed": seed, "train_out": None,
+                          "eval_out": str(data / eval_name(REFERENCE, seed))})
+    return tasks
+
+
+def _unit_job(root: str, cfg, task: dict, rows: list[dict], groups: dict, sets: dict) -> dict:
+    """One job in a worker: train the arm (its unit file written at once), then evaluate its model."""
+    result = {}
+    if task["train_out"]:
+        result["train"] = _train_unit_job(root, cfg, task["model"], task["seed"], task["train_out"], task["block"])
+    if task["eval_out"]:
+        result["eval"] = _eval_unit_job(root, cfg, task["model"], task["seed"], rows, groups, sets, task["eval_out"],
+                                        task["block"])
+    return result
 
 
 def _pool(workers: int) -> cf.ProcessPoolExecutor:
@@ -293,55 +371,50 @@ def run(config: Path, work: Path, data: Path, workers: int | None) -> dict:
     cfg = load_cfg(cfg_path)
     from pivot_assets.core.parallel import resolve_workers
     from pivot_assets.core.warehouse import Warehouse
-    from pivot_assets.training.runs import read_marker
+    from pivot_assets.training.runs import arm_dir, read_marker
 
     wh = Warehouse(cfg.warehouse)
-    # models an evaluation unit needs but the work dir lacks (a new machine): retrain them, keep their unit files
-    need_models = {(m, d) for m, d in missing_eval if m != REFERENCE}
-    retrain = [u for u in train_units if u in need_models and u not in missing_train]
-    from pivot_assets.training.runs import arm_dir
-
-    retrain = [u for u in retrain if read_marker(wh.model_dir(arm_dir(*u))) is None]
-    jobs = missing_train + retrain
-    if jobs and section["learning_rate"] is None:
+    # a model lives only in the work dir: it is evaluated by the job that trained it, so a machine change never
+    # strands a trained model without its evaluation; one whose evaluation is missing and whose model the work dir
+    # lacks (a new machine) is trained again, its curve kept apart (retrain_<arm>_s<seed>), its train unit as it is
+    block = block_id(wh, cfg)
+    moved = supersede_other_blocks(data, seeds, arms, block)
+    if moved:
+        log(f"{len(moved)} unit(s) of incomplete seeds came from another phase (a) (another machine or precision): "
+            f"moved to {data / SUPERSEDED} and computed again ({', '.join(moved)})")
+        missing_train = [u for u in train_units if not (data / train_name(*u)).is_file()]
+        missing_eval = [u for u in eval_units if not (data / eval_name(*u)).is_file()]
+        present -= len(moved)
+    rows, groups, sets = eval_rows_and_sets(wh, cfg) if missing_eval else ([], {}, {})
+    if missing_eval and not rows:
+        raise SystemExit("decisive: no held-out profiled turn to evaluate")
+    tasks = unit_tasks(train_units, eval_units, missing_train, missing_eval, data,
+                       lambda a, s: read_marker(wh.model_dir(arm_dir(a, s))) is not None)
+    trains = [t for t in tasks if t["train_out"]]
+    if trains and section["learning_rate"] is None:
         raise SystemExit("decisive: decisive.learning_rate is null: set a rate, or `sweep` to choose it by the "
                          f"learning-rate sweep, in {config} before phase (b) (phase (a) is done: {work})")
-    if jobs and section["learning_rate"] == SWEEP:
+    if trains and section["learning_rate"] == SWEEP:
         lr = run_sweep(wh, cfg, section["sweep"], data, workers)["chosen"]
         cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"learning_rate": lr})})
         log(f"learning rate {lr:g}, the sweep's choice")
-    if jobs:
-        n = resolve_workers(cfg.runtime.workers, cfg.runtime.threads, len(jobs)) if workers is None else workers
-        log(f"phase (b): {len(missing_train)} train unit(s) to compute, {len(retrain)} model(s) to retrain for "
-            f"evaluation, {n} at a time")
+    n = resolve_workers(cfg.runtime.workers, cfg.runtime.threads, len(tasks)) if workers is None else workers
+    log(f"phases (b) and (c): {len(missing_train)} train unit(s), {len(trains) - len(missing_train)} model(s) to "
+        f"train again for their evaluation, {len(missing_eval)} evaluation unit(s) of {len(rows)} held-out turns x "
+        f"eval_k {cfg.training.eval_k}; {len(tasks)} job(s), {n} at a time")
 
-        def done(job, result):
-            if job[-1] is not None:
-                computed["train"] += 1
-            log(f"train {job[2]} s{job[3]}: {result['steps']} steps, useful share {result['useful_share']}, "
-                f"{result['train_s']} s" + (" (unit written)" if job[-1] else " (model only)"))
-
-        run_jobs_as_done(_train_unit_job, [(str(wh.root), cfg, a, s, str(data / train_name(a, s)) if (a, s) in
-                                            missing_train else None) for a, s in jobs], n, done)
-    if missing_eval:
-        from pivot_assets.training.evaluation import evaluation_workers
-
-        rows, groups, sets = eval_rows_and_sets(wh, cfg)
-        if not rows:
-            raise SystemExit("decisive: no held-out profiled turn to evaluate")
-        n = evaluation_workers(cfg, len(missing_eval)) if workers is None else workers
-        log(f"phase (c): {len(missing_eval)} evaluation unit(s) of {len(rows)} held-out turns x eval_k "
-            f"{cfg.training.eval_k}, {n} at a time")
-        for m, d in missing_eval:
-            if m != REFERENCE and read_marker(wh.model_dir(arm_dir(m, d))) is None:
-                raise SystemExit(f"decisive: the model of {m} s{d} is missing in {wh.root}")
-
-        def done_eval(job, n_rows):
+    def done(job, result):
+        task = job[2]
+        if "train" in result:
+            computed["train"] += task["train_out"].startswith(str(data / "train_"))
+            log(f"train {task['model']} s{task['seed']}: {result['train']['steps']} steps, useful share "
+                f"{result['train']['useful_share']}, {result['train']['train_s']} s -> {Path(task['train_out']).name}")
+        if "eval" in result:
             computed["eval"] += 1
-            log(f"eval {job[2]} d{job[3]}: {n_rows} samples")
+            log(f"eval {task['model']} d{task['seed']}: {result['eval']} samples")
 
-        run_jobs_as_done(_eval_unit_job, [(str(wh.root), cfg, m, d, rows, groups, sets, str(data / eval_name(m, d)))
-                                          for m, d in missing_eval], n, done_eval)
+    run_jobs_as_done(_unit_job, [(str(wh.root), cfg, {**t, "block": block}, rows, groups, sets) for t in tasks], n,
+                     done)
     print(f"decisive: computed {computed['train'] + computed['eval']} unit(s) (train {computed['train']}, eval "
           f"{computed['eval']}); {present} already present", flush=True)
     return computed
@@ -567,6 +640,32 @@ def pass_lines(train, arms: list[str]) -> list[str]:
     return lines
 
 
+def retrain_lines(data: Path, train, arms: list[str], seeds: list[int]) -> list[str]:
+    """The runs trained again for their evaluation (their first model was lost with its machine): the evaluated
+    model's own curve beside the recorded one, per pass, and whether both ran from the same inputs (the run key)."""
+    import polars as pl
+
+    runs = [(a, s, pl.read_parquet(data / retrain_name(a, s))) for s in seeds for a in arms
+            if (data / retrain_name(a, s)).is_file()]
+    if not runs:
+        return []
+    lines = ["", "Runs trained again for their evaluation (the first run's model was lost with its machine; the "
+             "evaluated model is the second run's): training reward per pass, recorded run / second run", "",
+             "| arm | seed | same inputs (run key) | recorded: pass means | evaluated model: pass means | host |",
+             "|---|---|---|---|---|---|"]
+    for arm, seed, again in runs:
+        first = train.filter((pl.col("arm") == arm) & (pl.col("seed") == seed))
+        cells = []
+        for g in (first, again):
+            pool = int(g["pool"][0]) or 1
+            per = g.with_columns(((pl.col("step") - 1) // pool + 1).alias("pass")).group_by("pass").agg(
+                pl.col("reward_mean").mean()).sort("pass")
+            cells.append(" → ".join(f"{v:.3f}" for v in per["reward_mean"].to_list()))
+        same = first.height > 0 and first["key"][0] == again["key"][0]
+        lines.append(f"| {arm} | {seed} | {'yes' if same else 'no'} | {cells[0]} | {cells[1]} | {again['host'][0]} |")
+    return lines
+
+
 def load_units(data: Path, arms: list[str], seeds: list[int]):
     import polars as pl
 
@@ -748,6 +847,7 @@ def report(config: Path, data: Path, out: Path | None, png: Path | None) -> str:
                 f"{cells[p][0]:.3f} ({'n/a' if cells[p][1] is None else f'{cells[p][1]:.2f}'})" for p in range(n_bins))
                 + " |")
         lines += pass_lines(train, arms)
+        lines += retrain_lines(data, train, arms, seeds)
         if png is not None:
             curves_png(train, png)
             lines += ["", f"Per-step curves of every run: `{png.relative_to(ROOT) if png.is_relative_to(ROOT) else png}`."]

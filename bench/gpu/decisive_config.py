@@ -3,7 +3,7 @@
     python bench/gpu/decisive_config.py --model org/name --warehouse /tmp/dgpu/warehouse > /tmp/dgpu/gpu.yaml
 
 What changes on a GPU, and only this (GPU_CHANGES): the policy is sampled by vLLM on CUDA, GRPO's completions come
-from the same engine, the warm-up starts from --model, one unit runs at a time (one GPU), and the learning rate is
+from the same engine, every stage's dtype is `auto` (bf16 on the GPU), the warm-up starts from --model, one unit runs at a time (one GPU), and the learning rate is
 the one the CPU run's sweep chose (the sweep is not rerun). The inputs point at the installed bfcl-eval data; the
 runner's own paths (data, results, curves) come from the script's arguments instead.
 """
@@ -19,9 +19,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "configs" / "decisive_bfcl.yaml"
 
-GPU_CHANGES = {
-    "policy": {"backend": "vllm", "device": "cuda", "engine_args": {"gpu_memory_utilization": 0.3}},
-    "training": {"rollout_engine": "vllm"},
+GPU_CHANGES = {  # dtype auto: bf16 where the GPU has it (the CPU design pins float32 for its mixed CPUs)
+    "policy": {"backend": "vllm", "device": "cuda", "engine_args": {"gpu_memory_utilization": 0.3}, "dtype": "auto"},
+    "sft": {"dtype": "auto"},
+    "training": {"rollout_engine": "vllm", "dtype": "auto"},
     "runtime": {"workers": 1},
     "decisive": {"learning_rate": 1.0e-5},
 }

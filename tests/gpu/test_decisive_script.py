@@ -26,7 +26,11 @@ def test_the_gpu_config_is_the_cpu_design_with_the_gpu_changes_only(tmp_path):
     assert [Path(i["path"]).parent for i in cfg["inputs"]] == [tmp_path / "bfcl"] * len(base["inputs"])
     assert cfg["ablation"] == base["ablation"] and cfg["pivots"] == base["pivots"]
     assert cfg["decisive"]["sweep"] == base["decisive"]["sweep"] and "data" not in cfg["decisive"]
-    assert {k: cfg["training"][k] for k in base["training"]} == base["training"]
+    # every training key kept but dtype, which goes from the CPU design's float32 to auto on every stage
+    assert {k: cfg["training"][k] for k in base["training"] if k != "dtype"} == {
+        k: v for k, v in base["training"].items() if k != "dtype"}
+    assert base["training"]["dtype"] == base["sft"]["dtype"] == base["policy"]["dtype"] == "float32"
+    assert cfg["training"]["dtype"] == cfg["sft"]["dtype"] == cfg["policy"]["dtype"] == "auto"
 
     from pivot_assets.core.config import load_config
 
