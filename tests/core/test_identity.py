@@ -123,6 +123,7 @@ def stubbed_keys(monkeypatch):
     monkeypatch.setattr(runs, "model_fingerprint",
                         lambda model, cfg: f"model:{Path(model).name}:{cfg.policy.chat_template}:{cfg.policy.thinking}")
     monkeypatch.setattr(hardware, "has_cuda", lambda: False)
+    monkeypatch.setenv("PIVOT_NATIVE_BF16", "1")  # the pins were taken where `dtype: auto` resolves to bf16
     monkeypatch.setattr(runs, "trajectories_version", lambda wh: wh.data_version("trajectories"))
     monkeypatch.setattr(ConversationSplit, "fingerprint", lambda self, wh: "split")
 
@@ -263,7 +264,7 @@ def write_fixed_warehouse(root: Path):
 
 
 def real_identity_values(tmp_path: Path, monkeypatch) -> dict:
-
+    monkeypatch.setenv("PIVOT_NATIVE_BF16", "1")  # the pins were taken where `dtype: auto` resolves to bf16
     model = str(write_fixed_model(tmp_path / "somewhere" / "model"))
     wh = write_fixed_warehouse(tmp_path / "wh")
     cfg = PivotConfig.model_validate({"policy": {"model": model},
