@@ -167,7 +167,8 @@ def _train_unit_job(root: str, cfg, arm: str, seed: int, out: str | None, block:
                  "turns_trained": run["turns_trained"], "useful_share": run["useful_share"],
                  "cand_overlap_adv": run["cand_overlap_adv"], "train_s": run["train_s"],
                  "learning_rate": cfg.training.learning_rate, "num_generations": cfg.training.num_generations,
-                 "key": run["key"], "host": socket.gethostname(), "finished_at": time.time(),
+                 "key": run["key"], "host": socket.gethostname(), "machine": machine(),
+                 "finished_at": time.time(),
                  "unit_wall_s": round(time.time() - t0, 1), "retrained_from_cache": bool(run.get("skipped")),
                  "block": block}
         rows = [{"step": int(r["step"]), "reward_mean": r.get("reward_mean"),
@@ -217,7 +218,7 @@ def _eval_unit_job(root: str, cfg, model: str, draw: int, rows: list[dict], grou
     const = {"model": model, "draw": draw, "model_fp": model_fingerprint(path, cfg), "eval_k": cfg.training.eval_k,
              "eval_seed": eval_seed(cfg, draw), "backend": engine.backend, "seconds": seconds,
              "generated_tokens": result.get("generated_tokens"), "host": socket.gethostname(),
-             "finished_at": time.time(), "block": block}
+             "machine": machine(), "finished_at": time.time(), "block": block}
     out_rows = [{"turn_id": t["turn_id"], "conversation_id": groups.get(t["turn_id"], t["turn_id"]), "sample": i,
                  "reward": float(r), "in_mixed": t["turn_id"] in sets.get("mixed", ()),
                  "in_adv": t["turn_id"] in sets.get("adv", ()), **const}
@@ -329,6 +330,13 @@ def run_jobs_as_done(fn, jobs: list[tuple], workers: int, on_done) -> None:
     pool.shutdown(wait=True)
 
 
+def machine() -> str:
+    """The CPU a unit ran on (model, cores, bf16 flags): hostnames of lent machines say nothing."""
+    from pivot_assets.core.hardware import describe_cpu
+
+    return describe_cpu()
+
+
 def log(message: str) -> None:
     print(f"[decisive] {message}", file=sys.stderr, flush=True)
 
@@ -348,8 +356,12 @@ def prepare(config: Path, raw: dict, work: Path, data: Path) -> Path:
         sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-3000:])
         raise SystemExit(f"decisive: phase (a) failed (rc {proc.returncode}); log: {work / 'prepare.log'}")
     wall = round(time.time() - t0, 1)
+    from pivot_assets.core.warehouse import Warehouse
+
+    cfg = load_cfg(cfg_path)
     record = json.loads((data / "prepare.json").read_text()) if (data / "prepare.json").is_file() else {"runs": []}
-    record["runs"].append({"wall_s": wall, "host": socket.gethostname(), "finished_at": time.time()})
+    record["runs"].append({"wall_s": wall, "host": socket.gethostname(), "machine": machine(),
+                           "finished_at": time.time(), "block": block_id(Warehouse(cfg.warehouse), cfg)})
     write_json_atomic(record, data / "prepare.json")
     log(f"phase (a): {wall:.0f} s")
     return cfg_path
@@ -792,8 +804,9 @@ def report(config: Path, data: Path, out: Path | None, png: Path | None) -> str:
         lines += ["", f"### Held-out accuracy (`{primary}`: {nums['n_turns']} items, {nums['n_conversations']} "
                   f"conversations; eval_k {int(ev['eval_k'][0])}, sampled)", "",
                   "| policy | draws | accuracy [95% CI] | Δ vs reference [95% CI] |", "|---|---|---|---|"]
-        for r in prim:
-            if r["policy"] == REFERENCE or r["seed"] is None or len(seeds) == 1:
+        pooled_arms = {r["policy"] for r in prim if r["seed"] is None}
+        for r in prim:  # an arm's pooled row where it has one, else its single seed's row
+            if r["seed"] is None or r["arm"] not in pooled_arms:
                 lines.append(f"| {r['policy']} | {r['n_seeds']} | {fmt_interval(r)} | "
                              f"{'' if r['policy'] == REFERENCE else fmt_interval(r, 'delta')} |")
     if pair is not None:
@@ -814,7 +827,9 @@ def report(config: Path, data: Path, out: Path | None, png: Path | None) -> str:
         else:
             verdict = (f"no difference larger than the half-width: adv - cand {fmt_interval(pair, 'delta')} "
                        f"(half-width {hw:.3f}) contains 0")
-        lines += ["", f"**Verdict: {verdict}.** (Designed half-width: {half}; measured: "
+        done = len(nums["per_seed"])
+        label = "Verdict" if not nums["missing"] else f"Interim, {done} of {len(seeds)} seeds (not the verdict)"
+        lines += ["", f"**{label}: {verdict}.** (Designed half-width: {half}; measured: "
                   f"{'n/a' if hw is None else f'{hw:.3f}'}.)"]
     if train is not None:
         runs = train.group_by("arm", "seed").agg(pl.col("pool").first(), pl.col("steps_total").first(),
@@ -852,16 +867,18 @@ def report(config: Path, data: Path, out: Path | None, png: Path | None) -> str:
             curves_png(train, png)
             lines += ["", f"Per-step curves of every run: `{png.relative_to(ROOT) if png.is_relative_to(ROOT) else png}`."]
     prep = json.loads((data / "prepare.json").read_text()) if (data / "prepare.json").is_file() else {"runs": []}
-    lines += ["", "### Wall time per phase (from the unit files)", "", "| phase | units | seconds (sum over units) | hosts |",
+    lines += ["", "### Wall time per phase (from the unit files)", "", "| phase | units | seconds (sum over units) | machines (or hosts) |",
               "|---|---|---|---|",
               f"| (a) prepare: ingest, warm-up, profiling, pivot sets | {len(prep['runs'])} run(s) | "
-              f"{sum(r['wall_s'] for r in prep['runs']):.0f} | {', '.join(sorted({r['host'] for r in prep['runs']}))} |"]
+              f"{sum(r['wall_s'] for r in prep['runs']):.0f} | "
+              f"{'; '.join(sorted({r.get('machine') or 'host ' + r['host'] for r in prep['runs']}))} |"]
     if train is not None:
-        t = train.group_by("arm", "seed").agg(pl.col("train_s").first(), pl.col("host").first())
-        lines.append(f"| (b) GRPO runs | {t.height} | {t['train_s'].sum():.0f} | {', '.join(sorted(set(t['host'])))} |")
+        t = train.group_by("arm", "seed").agg(pl.col("train_s").first(), where(train).first())
+        lines.append(f"| (b) GRPO runs | {t.height} | {t['train_s'].sum():.0f} | {'; '.join(sorted(set(t['where'])))} |")
     if ev is not None:
-        e = ev.group_by("model", "draw").agg(pl.col("seconds").first(), pl.col("host").first())
-        lines.append(f"| (c) evaluation | {e.height} | {e['seconds'].sum():.0f} | {', '.join(sorted(set(e['host'])))} |")
+        e = ev.group_by("model", "draw").agg(pl.col("seconds").first(), where(ev).first())
+        lines.append(f"| (c) evaluation | {e.height} | {e['seconds'].sum():.0f} | {'; '.join(sorted(set(e['where'])))} |")
+    lines += seed_lines(train, ev, seeds, prep)
     lines.append("")
     text = "\n".join(lines)
     if out is not None and (data / sweep_eval_name(REFERENCE)).is_file():
@@ -872,6 +889,42 @@ def report(config: Path, data: Path, out: Path | None, png: Path | None) -> str:
         head = ("\n" + head).split(RESULTS_MARK, 1)[0].strip("\n")
         out.write_text((head + "\n\n" if head else "") + text)
     return text
+
+
+def where(frame):
+    """A unit's machine, or its hostname where the unit predates the machine column."""
+    import polars as pl
+
+    host = pl.lit("host ") + pl.col("host")
+    return (pl.coalesce(pl.col("machine"), host) if "machine" in frame.columns else host).alias("where")
+
+
+def seed_lines(train, ev, seeds: list[int], prep: dict) -> list[str]:
+    """Where each seed's units came from: their phase (a) block and the machine that computed them (a unit without
+    a `machine` column names the block's phase (a) machine from prepare.json, or its hostname)."""
+    import polars as pl
+
+    block_machine = {r["block"]: r["machine"] for r in prep["runs"] if r.get("block") and r.get("machine")}
+    parts = [f for f in (train, ev) if f is not None]
+    if not parts:
+        return []
+    units = pl.concat([f.select([c for c in ("seed", "draw", "block", "machine", "host") if c in f.columns])
+                       .rename({"draw": "seed"} if "draw" in f.columns else {}) for f in parts], how="diagonal_relaxed")
+    for col in ("block", "machine", "host"):
+        if col not in units.columns:
+            units = units.with_columns(pl.lit(None, pl.String).alias(col))
+    lines = ["", "### Per seed: the phase (a) block and the machine of its units", "",
+             "| seed | block | machine |", "|---|---|---|"]
+    for seed in seeds:
+        g = units.filter(pl.col("seed") == seed).unique()
+        if not g.height:
+            lines.append(f"| {seed} | (not run) | |")
+            continue
+        blocks = sorted({b or "(none recorded)" for b in g["block"].to_list()})
+        machines = sorted({m or block_machine.get(b) or f"host {h}"
+                           for b, m, h in g.select("block", "machine", "host").iter_rows()})
+        lines.append(f"| {seed} | {', '.join(blocks)} | {'; '.join(machines)} |")
+    return lines
 
 
 def main() -> None:
