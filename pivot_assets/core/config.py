@@ -202,6 +202,14 @@ class AdaptiveSection(_Strict):
         "The posterior's Beta prior, fitted on every turn's first round (empirical Bayes): pooled (one Beta for "
         "all turns) | likelihood (its mean follows the expert action's log-likelihood under the reference "
         "policy)."))
+    scheduler: Literal["rounds", "waves"] = Field("rounds", description=(
+        "rounds: every open turn is sampled once per round, the rounds one after another (the prior fitted once, "
+        "on every turn's first round) | waves: engine calls of wave_samples samples, each scored and decided as it "
+        "returns, its freed room given to the next turns (the prior refitted before every call on the first rounds "
+        "in so far; profiling/adaptive.py run_waves)."))
+    wave_samples: int = Field(64, ge=1, description=(
+        "waves: samples per engine call (the engine's batch capacity: policy.batch_size for the transformers "
+        "backend; larger keeps vLLM's continuous batching full)."))
 
 
 class ProfilingSection(_Strict):

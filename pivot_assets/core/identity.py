@@ -73,7 +73,10 @@ def adaptive_identity(adaptive: BaseModel | None, lambda_diff: float) -> dict:
     (the rule reads it), or nothing when it is off."""
     if adaptive is None or not adaptive.enabled:
         return {}
-    return {"adaptive": {**adaptive.model_dump(), "lambda_diff": lambda_diff}}
+    fields = adaptive.model_dump()
+    if fields["scheduler"] == "rounds":  # the rounds' samples do not depend on a wave size (and keep their identity)
+        fields = {k: v for k, v in fields.items() if k not in ("scheduler", "wave_samples")}
+    return {"adaptive": {**fields, "lambda_diff": lambda_diff}}
 
 
 def pivots_version(pivots: BaseModel) -> str:

@@ -234,16 +234,23 @@ def next_round(turns: list[str], counts: pa.Table, options, k: int, lambda_diff:
 
 
 def simulate(rewards: dict[str, list[float]], options, k: int, lambda_diff: float,
-             logprob: dict[str, float | None] | None = None) -> dict[str, int]:
-    """Replay the rounds on stored rewards (each turn's rewards in sample order, at least k of them): how many
-    samples each turn would get. The pipeline's own decisions on the same rewards (bench/bench_adaptive.py)."""
+             logprob: dict[str, float | None] | None = None, calls: list[int] | None = None) -> dict[str, int]:
+    """Replay the scheduler of `options` on stored rewards (each turn's rewards in sample order, at least k of
+    them): how many samples each turn would get, and in `calls` the samples of each engine call. The pipeline's own
+    decisions on the same rewards (bench/bench_adaptive.py)."""
     turns = sorted(rewards)
     have: dict[str, int] = {}
     while True:
         counts = counts_table({t: rewards[t][: have[t]] for t in have}, options.round_size, logprob or {})
-        todo, _ = next_round(turns, counts, options, k, lambda_diff)
+        if options.scheduler == "waves":
+            todo = next_wave(turns, counts, options, k, lambda_diff,
+                             prior_for(counts, options, min(options.round_size, k)))
+        else:
+            todo, _ = next_round(turns, counts, options, k, lambda_diff)
         if not todo:
             return have
+        if calls is not None:
+            calls.append(sum(len(r) for r in todo.values()))
         for turn, indices in todo.items():
             have[turn] = indices.stop
 
@@ -287,6 +294,65 @@ def run_rounds(turns: list[str], counts: Callable[[], pa.Table], generate: Calla
         stats["rollouts_generated"] += done.get("rollouts_generated", 0)
         stats["generated_tokens"] += done.get("generated_tokens", 0)
         stats["generation_s"] += done.get("generation_s", 0.0)
+    if prior is not None:
+        stats.update(prior.as_metadata())
+    return stats
+
+
+# -- waves: the scheduler without a round barrier --------------------------------------------------------------
+def next_wave(order: list[str], counts: pa.Table, options, k: int, lambda_diff: float,
+              prior: Prior | None) -> dict[str, range]:
+    """{turn: sample indices} for the next engine call: about `options.wave_samples` samples (at least one turn's
+    chunk), empty when every turn is settled. First the next chunk (up to the next multiple of round_size) of every
+    sampled turn the rule leaves open, in `order`; then the first rounds of turns not sampled yet, in `order`
+    (trajectory order: a conversation's turns go together, while their shared prefix is in the engine's cache)."""
+    r = min(options.round_size, k)
+    have = dict(zip(counts.column("turn_id").to_pylist(), counts.column("k").to_pylist()))
+    settled = dict(zip(counts.column("turn_id").to_pylist(), decide(counts, options, k, lambda_diff, prior).settled))
+    started = [(t, range(have[t], min(k, (have[t] // r + 1) * r))) for t in order
+               if have.get(t, 0) >= r and have[t] < k and not settled[t]]
+    fresh = [(t, range(have.get(t, 0), r)) for t in order if have.get(t, 0) < r]
+    todo: dict[str, range] = {}
+    size = 0
+    for turn, indices in started + fresh:
+        if todo and size + len(indices) > options.wave_samples:
+            break
+        todo[turn], size = indices, size + len(indices)
+    return todo
+
+
+def run_waves(order: list[str], counts: Callable[[], pa.Table], generate: Callable[[dict[str, range]], dict],
+              score: Callable[[list[str]], dict], options, k: int, lambda_diff: float,
+              log: Callable[[str], None] | None = None) -> dict:
+    """Engine calls of a fixed size instead of rounds: after each call its samples are scored, the rule decides on
+    every sampled turn, and the call's freed room goes to the next turns, so no call waits for a round's last turn
+    and no call shrinks until the last turns. The prior is refitted before every call on the first rounds in so
+    far (flat until PRIOR_MIN_TURNS have one), so the last decisions use the prior `annotate` fits on every turn:
+    the run ends with every turn settled under the rule turn_profiles reports (a turn stopped under an earlier fit
+    and open under a later one is sampled on)."""
+    r = min(options.round_size, k)
+    stats = {"waves": 0, "rollouts_generated": 0, "generated_tokens": 0, "rollouts_scored": 0, "generation_s": 0.0,
+             "wave_samples_mean": 0.0, "prior_fits": 0}
+    prior, to_score, sizes = None, list(order), []
+    while True:
+        stats["rollouts_scored"] += score(to_score)["rollouts_scored"]
+        table = counts()
+        prior = prior_for(table, options, r)
+        if prior is not None and prior.kind != FLAT.kind:
+            stats["prior_fits"] += 1
+            stats.setdefault("prior_first_fit_turns", prior.turns)
+        todo = next_wave(order, table, options, k, lambda_diff, prior)
+        if not todo:
+            break
+        stats["waves"] += 1
+        sizes.append(sum(len(v) for v in todo.values()))
+        if log and (stats["waves"] == 1 or stats["waves"] % 20 == 0):
+            log(f"adaptive wave {stats['waves']}: {len(todo)} turns, {sizes[-1]} samples")
+        done = generate(todo)
+        for key in ("rollouts_generated", "generated_tokens", "generation_s"):
+            stats[key] += done.get(key, 0)
+        to_score = list(todo)
+    stats["wave_samples_mean"] = round(sum(sizes) / len(sizes), 1) if sizes else 0.0
     if prior is not None:
         stats.update(prior.as_metadata())
     return stats

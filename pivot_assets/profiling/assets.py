@@ -32,7 +32,8 @@ from .shards import parse_shard, partition_keys, shard_data_version, shard_row_c
 
 GROUP = __package__.rsplit(".", 1)[-1]
 # What generation cost: a cached rerun shows the figures of the run that did the work, marked as reused.
-GENERATION_FIGURES = ("generation_s", "generated_tokens", "tokens_per_s", "rollouts_generated", "wall_s", "rounds")
+GENERATION_FIGURES = ("generation_s", "generated_tokens", "tokens_per_s", "rollouts_generated", "wall_s", "rounds",
+                      "waves")
 
 
 def pass_rate_plot(wh: Warehouse, reward_means: list[float]) -> str:

@@ -707,9 +707,9 @@ class Profiler:
         return self.adaptive_rounds(lambda rows: self.generate_rows(backend(), rows, progress), log)
 
     def adaptive_rounds(self, generate_rows: Callable[[list[dict]], dict], log) -> dict:
-        """Rounds of adaptive.run_rounds: the samples each open turn lacks up to its next round (given to
-        `generate_rows`: this process's engine, or the Ray job's actors, alive for every round), then scoring. The
-        prior is fitted on this profiler's turns (a shard's, when sharded) from their first rounds."""
+        """adaptive.run_rounds or run_waves (profiling.adaptive.scheduler): the samples each open turn lacks up to
+        its next round (given to `generate_rows`: this process's engine, or the Ray job's actors, alive throughout),
+        then scoring. The prior is fitted on this profiler's turns (a shard's, when sharded) from their first rounds."""
         order = turn_order(self.wh, self.turns)
         generated: set[str] = set()
 
@@ -724,8 +724,8 @@ class Profiler:
 
         if self.verifiers is None:
             raise ValueError("adaptive profiling scores between rounds: the Profiler needs the verifiers")
-        stats = adaptive_rule.run_rounds(order, self.counts, generate, score, self.adaptive, self.sampling.k,
-                                         self.lambda_diff, log)
+        run = adaptive_rule.run_waves if self.adaptive.scheduler == "waves" else adaptive_rule.run_rounds
+        stats = run(order, self.counts, generate, score, self.adaptive, self.sampling.k, self.lambda_diff, log)
         stats["turns_generated"] = len(generated)
         stats["cache_hits_turns"] = len(self.turns) - len(generated)
         return stats

@@ -135,6 +135,29 @@ def test_kill_9_mid_adaptive_rounds_then_resume(tmp_path, ingested, adaptive_run
     assert samples(root) == samples(adaptive_run[0].parent)  # an uninterrupted run's samples, none twice
 
 
+WAVES = "profiling: {adaptive: {enabled: true, rule: exact, sets: [adv], scheduler: waves, wave_samples: 4}}\n"
+
+
+def test_waves_draw_the_rounds_samples_and_a_kill_9_resumes_without_duplicates(tmp_path, ingested, adaptive_run,
+                                                                               monkeypatch):
+    """The scheduler without rounds (engine calls of 4 samples, each scored and decided as it returns) under the
+    exact rule stops every turn where the rounds do: the same keys, the same completions; killed after its third
+    part, a rerun completes it with none twice."""
+    uninterrupted = project(tmp_path / "whole", ingested, BASE + WAVES, monkeypatch)
+    stats = profiler(uninterrupted, BASE + WAVES).generate()
+    assert samples(uninterrupted) == samples(adaptive_run[0].parent)
+    assert stats["waves"] > K // 2 and stats["wave_samples_mean"] <= 4 and "rounds" not in stats
+
+    root = project(tmp_path / "killed", ingested, BASE + WAVES, monkeypatch)
+    parts = root / "wh" / "rollouts"
+    killed = kill_run_after_first_part([str(VENV_BIN / "pivot"), "run", "--select", "rollouts"],
+                                       lambda: len(list(parts.glob("part-*.parquet"))) >= 3)
+    assert killed.mid_run, "the run ended before its third part was seen"
+    assert 0 < len(samples(root)) < TURNS * K
+    assert pivot(["run", "--select", "rollouts"]) == 0
+    assert samples(root) == samples(adaptive_run[0].parent)
+
+
 def last_metadata(asset: str) -> dict:
     event = dg.DagsterInstance.get().get_latest_materialization_event(dg.AssetKey(asset))
     return {k: v.value for k, v in event.asset_materialization.metadata.items()}

@@ -21,6 +21,7 @@ from pivot_assets.profiling.adaptive import (
     exact_settled,
     fit_prior,
     flip_probability,
+    prior_for,
     simulate,
 )
 
@@ -150,6 +151,43 @@ def test_posterior_rounds_keep_their_stated_error_rate_on_turns_from_the_prior()
     assert flips / len(early) <= eps, (flips, len(early))
 
 
+def test_waves_take_the_rounds_samples_under_the_exact_rule_in_full_calls():
+    """The exact rule needs no prior: the scheduler without rounds stops every turn where the rounds do; its engine
+    calls hold wave_samples samples until the turns not yet sampled run out (the rounds' calls shrink round by round)."""
+    rng = np.random.default_rng(3)
+    k, lambda_diff = 8, 0.6
+    rewards = draws(rng, 0.5, 0.5, 400, k)
+    rounds_calls, wave_calls = [], []
+    rounds = simulate(rewards, AdaptiveSection(enabled=True, rule="exact"), k, lambda_diff, calls=rounds_calls)
+    waves = simulate(rewards, AdaptiveSection(enabled=True, rule="exact", scheduler="waves", wave_samples=64), k,
+                     lambda_diff, calls=wave_calls)
+    assert waves == rounds
+    assert max(wave_calls) == 64 and sum(wave_calls) == sum(rounds.values())
+    first_short = next(i for i, n in enumerate(wave_calls) if n < 64)
+    assert sum(wave_calls[:first_short]) >= 2 * 400  # every first round went out in full calls
+    assert sum(wave_calls[first_short:]) < 0.1 * sum(wave_calls)  # the short calls are the tail
+    assert rounds_calls == sorted(rounds_calls, reverse=True) and rounds_calls[0] == 800  # the rounds' calls shrink
+
+
+def test_posterior_waves_end_settled_under_the_reported_prior_and_keep_the_error_rate():
+    """Decisions are taken under a prior refitted as first rounds arrive; at the end every turn is settled under the
+    prior fitted on all first rounds (the one turn_profiles reports), so a turn never takes fewer samples than the
+    rounds give it, and the error rate among early stops stays within epsilon."""
+    rng = np.random.default_rng(2)
+    k, lambda_diff, eps = 8, 0.6, 0.05
+    rewards = draws(rng, 0.25, 0.75, 3000, k)
+    common = dict(enabled=True, rule="posterior", round_size=2, epsilon=eps, prior="pooled")
+    rounds = simulate(rewards, AdaptiveSection(**common), k, lambda_diff)
+    waves = simulate(rewards, AdaptiveSection(**common, scheduler="waves", wave_samples=64), k, lambda_diff)
+    assert all(waves[t] >= rounds[t] for t in rewards) and sum(waves.values()) < 1.05 * sum(rounds.values())
+    options = AdaptiveSection(**common, scheduler="waves", wave_samples=64)
+    final = counts_table({t: rewards[t][:n] for t, n in waves.items()}, 2, {})
+    assert all(decide(final, options, k, lambda_diff, prior_for(final, options, 2)).settled)
+    early = [t for t, n in waves.items() if n < k]
+    flips = sum(membership(rewards[t][:waves[t]], lambda_diff) != membership(rewards[t], lambda_diff) for t in early)
+    assert len(early) > 300 and flips / len(early) <= eps, (flips, len(early))
+
+
 def test_decide_reports_why_each_turn_stops():
     options = AdaptiveSection(enabled=True, rule="posterior", round_size=2, epsilon=0.05, sets=["mixed", "adv"])
     counts = counts_table({"done": [1, 0, 1, 0, 1, 1, 0, 1], "easy": [1, 0, 1, 1, 1, 1], "zero": [0, 0],
@@ -176,3 +214,16 @@ def test_adaptive_needs_per_sample_seeds_and_runs_on_either_engine():
     assert ray.profiling.adaptive.enabled and ray.scale.engine == "ray"
     with pytest.raises(ConfigError, match="unknown key 'profiling.adaptive.epsilonn'"):
         load_config(None, overrides={"profiling": {"adaptive": {"epsilonn": 0.1}}})
+
+
+def test_the_scheduler_is_in_the_samples_identity_only_when_it_is_waves():
+    """Waves take other samples than rounds (decisions under a refitted prior): another rollouts version; the wave
+    size matters only to waves, and warehouses profiled in rounds keep their version."""
+    from pivot_assets.core.config import PolicySection
+    from pivot_assets.profiling.profiler import policy_version
+
+    policy = PolicySection(dtype="float32")
+    version = lambda **kw: policy_version(policy, "per_sample", AdaptiveSection(enabled=True, **kw))  # noqa: E731
+    assert version() == version(wave_samples=8)
+    assert version(scheduler="waves") != version()
+    assert version(scheduler="waves", wave_samples=8) != version(scheduler="waves")
