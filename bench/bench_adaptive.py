@@ -10,7 +10,9 @@
 3. The prior: how well the expert action's log-likelihood (turn_profiles.expert_logprob) predicts the label's pass
    rate (Spearman; AUC for "ever passes" and for "passes at least half the time").
 4. One `pivot run` of profiling + selection with adaptive off and on (--run-rule, --run-epsilon, --run-prior), side
-   by side from the same ingested warehouse and reference policy: wall time, samples, tokens, F1 against the label.
+   by side from the same ingested warehouse and reference policy: wall time, samples, tokens, F1 against the label;
+   each adaptive mode once per scheduler of --run-schedulers (rounds, waves of --wave-samples), with the samples
+   of each engine call over the run (a plot beside the results file).
 
     .venv/bin/python bench/bench_adaptive.py --config bench/configs/adaptive_synthetic.yaml
     .venv/bin/python bench/bench_adaptive.py --config CONFIG --label-k 32 --k 8 --out bench/out/adaptive
@@ -320,8 +322,27 @@ def generation_figures(dagster_home: Path) -> dict:
     with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
         event = instance.get_latest_materialization_event(dg.AssetKey("rollouts"))
         meta = {k: v.value for k, v in event.asset_materialization.metadata.items()}
-    return {k: meta.get(k) for k in ("generation_s", "rounds", "prefill_tokens_computed", "prompt_tokens_total",
-                                     "turns", "expert_tokens_scored")}
+    return {k: meta.get(k) for k in ("generation_s", "rounds", "waves", "wave_samples_mean", "prefill_tokens_computed",
+                                     "prompt_tokens_total", "turns", "expert_tokens_scored")}
+
+
+def engine_calls(wh: Path) -> list[tuple[float, int]]:
+    """(seconds since the first, samples) of each rollouts part: a part is one engine call's rows (policy.batch_size
+    at most), so its size over time is the engine's batch occupancy."""
+    parts = sorted((p.stat().st_mtime, p) for p in (wh / "rollouts").rglob("part-*.parquet"))
+    if not parts:
+        return []
+    con = duckdb.connect()
+    return [(round(t - parts[0][0], 1), con.sql(f"select count(*) from read_parquet('{p}')").fetchone()[0])
+            for t, p in parts]
+
+
+def occupancy_png(results: dict, names: list[str], path: Path) -> None:
+    from pivot_assets.core.plots import lines_png, save_png
+
+    series = {m: [tuple(c) for c in results[m].get("engine_calls", [])] for m in names}
+    save_png(lines_png({m: v for m, v in series.items() if v}, title="samples per engine call over the run",
+                       xlabel="seconds since the first part"), path)
 
 
 def profile_stats(wh: Path) -> dict:
@@ -341,9 +362,15 @@ def run_modes(args) -> list[tuple[str, int, dict | None, str | None]]:
     def adaptive(eps: float, sets: str) -> dict:
         return {"enabled": True, "rule": args.run_rule, "prior": args.run_prior, "epsilon": eps,
                 "round_size": args.round_size, "sets": sets.split(",")}
-    modes = [("off", args.k, None), ("on", args.k, adaptive(args.run_epsilon, args.run_sets))]
+    adaptive_modes = [("on", args.k, adaptive(args.run_epsilon, args.run_sets))]
     if args.realloc_k:
-        modes.append((f"on_k{args.realloc_k}", args.realloc_k, adaptive(args.realloc_epsilon, args.realloc_sets)))
+        adaptive_modes.append((f"on_k{args.realloc_k}", args.realloc_k, adaptive(args.realloc_epsilon, args.realloc_sets)))
+    modes = [("off", args.k, None)]
+    for scheduler in args.run_schedulers.split(","):  # rounds keep the earlier names: --reuse-runs finds them
+        for name, k, settings in adaptive_modes:
+            if scheduler == "waves":
+                name, settings = f"{name} waves", {**settings, "scheduler": "waves", "wave_samples": args.wave_samples}
+            modes.append((name, k, settings))
     backends = args.run_backends.split(",") if args.run_backends else [None]
     return [(f"{b} {m}" if b else m, k, a, b) for b in backends for m, k, a in modes]
 
@@ -371,6 +398,7 @@ def run_section(args, base: dict, out: Path, label_wh: Path, log: Path, label_se
         load_start = loadavg()
         wall = pivot_run(config, PROFILING + "," + SELECTION, out / f"dagster_{slug}", log)
         stats = profile_stats(wh)
+        stats["engine_calls"] = engine_calls(wh)
         stats.update(k=k, adaptive=settings, wall=wall, load=f"{load_start} -> {loadavg()}",
                      engine=load_config(config).policy.backend, **generation_figures(out / f"dagster_{slug}"))
         stats["sets"] = {name: sorted(v) for name, v in stats["sets"].items()}
@@ -382,7 +410,8 @@ def run_section(args, base: dict, out: Path, label_wh: Path, log: Path, label_se
              *(f"- `{m}`: policy.k={results[m]['k']}, adaptive {json.dumps(results[m]['adaptive'])}" for m in names), "",
              "| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for name, key in (("engine", "engine"), ("wall (s)", "wall"), ("generation (s, in rollouts)", "generation_s"), ("samples", "samples"),
-                      ("generated tokens", "tokens"), ("rounds", "rounds"), ("prompt prefills", "turns"),
+                      ("generated tokens", "tokens"), ("rounds", "rounds"), ("waves (engine calls)", "waves"),
+                      ("samples per wave, mean", "wave_samples_mean"), ("prompt prefills", "turns"),
                       ("prefill tokens computed", "prefill_tokens_computed"),
                       ("load average (start -> end)", "load"), ("stop reasons", "reasons")):
         cells = [round(results[m][key]) if key == "wall" else results[m].get(key) for m in names]
@@ -394,7 +423,9 @@ def run_section(args, base: dict, out: Path, label_wh: Path, log: Path, label_se
             got = set(results[m]["sets"][s])
             cells.append(f"{len(got)} / " + " / ".join(f"{v:.3f}" for v in prf(got, label_sets[s])))
         lines.append(f"| D_{s}: size / P / R / F1 vs the K={args.label_k} label | " + " | ".join(cells) + " |")
-    return lines + [""]
+    png = Path(args.results).with_name(Path(args.results).stem + "_occupancy.png")
+    occupancy_png(results, names, png)
+    return lines + ["", f"Samples per engine call over each run (one point per rollouts part): `{png.name}`.", ""]
 
 
 def main() -> None:
@@ -413,6 +444,9 @@ def main() -> None:
     ap.add_argument("--realloc-sets", default="adv")
     ap.add_argument("--run-backends", default="", help="comma-separated engines to run the side-by-side modes on "
                     "(e.g. vllm,transformers; the label is drawn on the config's engine)")
+    ap.add_argument("--run-schedulers", default="rounds", help="comma-separated: rounds, waves (each adaptive mode "
+                    "runs once per scheduler)")
+    ap.add_argument("--wave-samples", type=int, default=64, help="waves: samples per engine call")
     ap.add_argument("--skip-runs", action="store_true", help="replay only: no side-by-side pivot runs")
     ap.add_argument("--reuse-runs", action="store_true", help="keep the runs recorded in <out>/runs.json")
     ap.add_argument("--results", default=str(REPO / "bench" / "RESULTS_adaptive.md"))
