@@ -262,7 +262,9 @@ def _text_prompt_dataset(train_dataset, tokenizer, held_out: set[str]):
             value = messages if c == "state" else row.get(c)
             rows[c].append(value if isinstance(value, str) or value is None else json.dumps(value))
     if not rows["prompt"]:
-        raise ValueError("GRPO dataset is empty after removing held-out trajectories")
+        raise ValueError(f"grpo_run: all {len(train_dataset)} pivot(s) of the training set lie in held-out "
+                         "conversations: nothing to train on (see `pivot sql pivot_funnel`; raise pivots.lambda_diff, "
+                         "profile more turns or lower training.eval_fraction)")
     return Dataset.from_dict(rows)
 
 

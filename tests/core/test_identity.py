@@ -5,7 +5,8 @@ rollout_rewards, which follows the verifiers' code), sampling fingerprints and r
 versions, model fingerprints and split stubbed; REAL_PINS pin those pieces themselves, unstubbed, on a model dir and
 a warehouse the test writes byte for byte. A change here makes existing warehouses recompute: on purpose only.
 Changed on purpose since: local_key and eval_key (evaluation draws seeded per sample, as profiling's); the SFT keys
-(sft_key, own:sft_policy, the same-data SFT arm, ablation_results) when trl.SFTTrainer replaced the plain loop.
+(sft_key, own:sft_policy, the same-data SFT arm, ablation_results) when trl.SFTTrainer replaced the plain loop;
+the default config's pivot sets when its lambda_diff went from 0.6 to 0.7.
 """
 
 from pathlib import Path
@@ -89,10 +90,10 @@ PINS = {
         "own:grpo_run": "ff6568a402fcdf48",
         "own:pivot_dataset": "1-adv",
         "own:pivot_eval": "ea2b97b77a3fdb4c",
-        "own:pivot_selection_log": "63d9166f4e0e4719",
-        "own:pivots_adv": "63d9166f4e0e4719",
-        "own:pivots_cand": "63d9166f4e0e4719",
-        "own:pivots_mixed": "63d9166f4e0e4719",
+        "own:pivot_selection_log": "87603d4777708237",
+        "own:pivots_adv": "87603d4777708237",
+        "own:pivots_cand": "87603d4777708237",
+        "own:pivots_mixed": "87603d4777708237",
         "own:rollouts": "18c97d83420f1ad6",
         "own:sft_policy": "0e65df4f864c85e6",
         "own:turn_profiles": "8234690aefce42ac",

@@ -116,7 +116,7 @@ def test_prompts_render_like_profiling_and_held_out_rows_are_removed(tiny_model_
     canonical = as_canonical_messages(source[2]["prompt"])
     assert ds["prompt"][1] == render_prompt(tokenizer, canonical, TOOLS)
     assert "<tools>" in ds["prompt"][1] and ds["prompt"][1].endswith("<|im_start|>assistant\n")
-    with pytest.raises(ValueError, match="empty after removing held-out"):
+    with pytest.raises(ValueError, match=r"all 3 pivot\(s\) of the training set lie in held-out conversations"):
         _text_prompt_dataset(source, tokenizer, held_out={"traj-0", "traj-1", "traj-2"})
 
 
