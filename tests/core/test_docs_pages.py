@@ -49,3 +49,9 @@ def test_config_comments_point_at_pages_and_files_that_exist():
             if re.search(r"\bREADME\b(?!\.md)", comment):
                 readme_sections.append(f"{path.relative_to(REPO)}: {comment.strip()}")
     assert missing == [] and readme_sections == []
+
+
+def test_every_results_file_is_listed_in_the_benchmarks_page():
+    listed = set(re.findall(r"\]\(bench/(RESULTS_[^)]+\.md)\)", (REPO / "docs" / "benchmarks.md").read_text()))
+    on_disk = {p.name for p in (REPO / "bench").glob("RESULTS_*.md")}
+    assert sorted(on_disk - listed) == [] and sorted(listed - on_disk) == []
