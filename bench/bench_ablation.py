@@ -40,7 +40,7 @@ def work_config(path: Path, warehouse: Path) -> str:
         for key in ("path", "tools"):
             if spec.get(key) and not Path(spec[key]).is_absolute():
                 spec[key] = str((path.resolve().parent / spec[key]).resolve())
-    for section, key in (("training", "ood_probe"),):
+    for section, key in (("evaluation", "ood_probe"),):
         value = (raw.get(section) or {}).get(key)
         if value and not Path(value).is_absolute():
             raw[section][key] = str((path.resolve().parent / value).resolve())

@@ -189,7 +189,7 @@ def warm_up(cfg, items: list[dict], steps: int, out: Path) -> dict:
 
 def time_ood(cfg, model: str, n_items: int) -> dict:
     from pivot_assets.core.hardware import resolve_dtype
-    from pivot_assets.training.ood_probe import ood_accuracy, probe_items
+    from pivot_assets.evaluation.ood_probe import ood_accuracy, probe_items
 
     probe = probe_items(None, n_items)
     with timed() as t:
@@ -219,7 +219,7 @@ def estimate(cfg, sizes: dict[str, int], m: dict, assumed: dict) -> list[tuple[s
     """(phase, CPU seconds, how) of the whole run, from the measured pieces and the config's counts."""
     from pivot_assets.training.runs import prompts_per_step, steps_for_pool
 
-    t, a = cfg.training, cfg.ablation
+    a = cfg.ablation
     held, warm, pool = sizes.get("held_out", 0), sizes.get("warmup", 0), sizes.get("pool", 0)
     adv, mixed = pool * assumed["adv_share"], pool * assumed["mixed_share"]
     seeds = len(a.seeds)
@@ -235,7 +235,7 @@ def estimate(cfg, sizes: dict[str, int], m: dict, assumed: dict) -> list[tuple[s
     sft_arm = steps_for_pool(max(1, round(adv)), 1, a.epochs) * sft_step * seeds if "sft_same_data" in a.arms else 0.0
     scorings = len(a.arms) * seeds + seeds  # arm/s on draw s, the reference on every draw
     models = len(a.arms) * seeds + 2
-    probe = t.ood_max_items or 424
+    probe = cfg.evaluation.ood_max_items or 424
     # an engine in its own process starts once for profiling; evaluation starts one more and loads each next model
     # into it where the engine reloads weights (EngineSlot), else starts one per model
     starts = m["sampling"]["eval"]["start_wall_s"] if in_own_processes(cfg) else 0.0
@@ -253,7 +253,7 @@ def estimate(cfg, sizes: dict[str, int], m: dict, assumed: dict) -> list[tuple[s
         ("model load/save per arm run", setup, "~15 s per run"),
         ("evaluation", scorings * held * per_turn("eval") + held * per_turn("base") + switches
          + models * probe * m["ood"]["cpu_s"] / m["ood"]["items"],
-         f"{scorings} (model, draw) scorings x {held} held-out turns x eval_k={t.eval_k} (the warmed policy's cost), "
+         f"{scorings} (model, draw) scorings x {held} held-out turns x eval_k={cfg.evaluation.k} (the warmed policy's cost), "
          f"the base model on one draw, {models} models x {probe} probe items"
          + (f", one engine start of {starts:.0f} s and {models - 1} weight reloads of {reload:.1f} s, one model at a "
             "time" if starts and reload is not None else
@@ -342,8 +342,8 @@ def main() -> None:
         for backend, ecfg in engines.items():
             sampling[backend] = {
                 "profile": time_sampling(ecfg, warmed, sample, cfg.policy.k, length),
-                "eval": time_sampling(ecfg, warmed, sample, cfg.training.eval_k, length),
-                "base": time_sampling(ecfg, "embedded", sample, cfg.training.eval_k, length)}
+                "eval": time_sampling(ecfg, warmed, sample, cfg.evaluation.k, length),
+                "base": time_sampling(ecfg, "embedded", sample, cfg.evaluation.k, length)}
         measured["grpo"] = time_grpo(cfg, warmed, sample[:8], args.grpo_steps)
         measured["ood"] = time_ood(cfg, warmed, 48)
     load_end = os.getloadavg()

@@ -12,7 +12,7 @@
      `reselect`: the pool profiled again with the last checkpoint, settled turns skipped and mastered ones
      replayed as `refresh:` says, D_adv reselected) and refresh.steps_per_round more steps from that checkpoint.
    GRPO runs are TRL's GRPOTrainer through training/grpo.run_grpo, runtime.workers at a time.
-3. The reference and every final model sample the held-out profiled turns (training.eval_k each, on the
+3. The reference and every final model sample the held-out profiled turns (evaluation.k each, on the
    configured engine): seed s's models on evaluation draw s, the reference on every draw.
 4. Paired differences (refresh - one selection, each - the reference) with the hierarchical bootstrap over
    seeds, conversations and turns (training/evaluation.hierarchical_resamples, the ablation's).
@@ -82,14 +82,14 @@ def train_job(root: str, cfg, init: str, rows, out: str, steps: int, seed: int) 
 
 def evaluate(wh, cfg, verifiers, model: str, draw: int, turns: list[str], cache: Path) -> dict[str, float]:
     """{turn_id: mean reward over eval_k samples} of `model` on evaluation draw `draw` (cached in `cache`)."""
-    from pivot_assets.training.evaluation import evaluation_engine, local_accuracy, turn_rows
-    from pivot_assets.training.runs import eval_seed
+    from pivot_assets.evaluation.heldout import evaluation_engine, local_accuracy, turn_rows
+    from pivot_assets.evaluation.heldout import eval_seed
 
     if cache.is_file():
         return json.loads(cache.read_text())
     engine = evaluation_engine(cfg)
     t0 = time.perf_counter()
-    out = local_accuracy(model, turn_rows(wh, turns), verifiers, k=cfg.training.eval_k,
+    out = local_accuracy(model, turn_rows(wh, turns), verifiers, k=cfg.evaluation.k,
                          max_new_tokens=cfg.training.max_completion_length, seed=eval_seed(cfg, draw),
                          temperature=engine.temperature, top_p=engine.top_p, policy=engine)
     scores = {t["turn_id"]: t["reward_mean"] for t in out["per_turn"]}
@@ -100,7 +100,7 @@ def evaluate(wh, cfg, verifiers, model: str, draw: int, turns: list[str], cache:
 
 def interval(name: str, values: list[list[float]], groups: list[str], resamples: int) -> tuple:
     """(mean, 2.5th, 97.5th percentile) of a (seeds x turns) matrix under the hierarchical bootstrap."""
-    from pivot_assets.training.evaluation import hierarchical_resamples, resampled_mean
+    from pivot_assets.evaluation.heldout import hierarchical_resamples, resampled_mean
 
     return resampled_mean(values, hierarchical_resamples(groups, len(values), resamples, name))
 
@@ -126,8 +126,8 @@ def main() -> None:
     from pivot_assets.core.parallel import resolve_workers, run_jobs
     from pivot_assets.core.warehouse import Warehouse
     from pivot_assets.refresh.rounds import profiling_spend, reselect, round_zero_rows
-    from pivot_assets.training.ablation import arm_pool, pool_trajectories
-    from pivot_assets.training.evaluation import evaluation_engine, evaluation_sets, turn_conversations
+    from pivot_assets.evaluation.ablation import arm_pool, pool_trajectories
+    from pivot_assets.evaluation.heldout import evaluation_engine, evaluation_sets, turn_conversations
     from pivot_assets.training.runs import init_model
     from pivot_assets.verifiers import VerifierSets
 
@@ -211,7 +211,7 @@ def main() -> None:
     eval_wall = time.perf_counter() - t0
     conv = turn_conversations(wh, held_turns)
     groups = [conv[t] for t in held_turns]
-    n = cfg.training.bootstrap
+    n = cfg.evaluation.bootstrap
     table = [accuracy(p, scores[p], held_turns, groups, n) for p in ("reference", "one", "refresh")]
     pairs = [paired("refresh - one selection", scores["refresh"], scores["one"], held_turns, groups, n),
              paired("refresh - reference", scores["refresh"], scores["reference"], held_turns, groups, n),
@@ -253,7 +253,7 @@ def write_report(args, cfg, work, seeds, upstream, load_start, t_start, train_wa
         f"Config `{config}`: the reference is the SFT warm-up ({cfg.sft.steps} steps x {cfg.sft.batch_size}); K = "
         f"{cfg.policy.k}, lambda_diff {cfg.pivots.lambda_diff}, verifier tool_call (BFCL strings); "
         f"{profiles.height} turns profiled in round 0: {pool_zero.height} in the training pool, {len(held_turns)} "
-        f"held out (evaluated, eval_k {cfg.training.eval_k}). Round 0's D_adv in the pool: {d_adv.height} turns.",
+        f"held out (evaluated, eval_k {cfg.evaluation.k}). Round 0's D_adv in the pool: {d_adv.height} turns.",
         f"Both sides train {one_selection_steps(cfg)} GRPO steps ({cfg.training.num_generations} completions of "
         f"<= {cfg.training.max_completion_length} tokens a step, learning rate {cfg.training.learning_rate}) from the "
         f"reference: one selection on round 0's D_adv throughout; refresh {cfg.refresh.rounds} rounds "

@@ -108,7 +108,7 @@ def main() -> None:
         f"| argmax agreement on assistant positions | {agree['argmax_agree']:.3f} |",
     ]
     if args.ood:
-        from pivot_assets.training.ood_probe import ood_accuracy, ood_probe_items
+        from pivot_assets.evaluation.ood_probe import ood_accuracy, ood_probe_items
 
         t0 = time.perf_counter()
         details: list = []

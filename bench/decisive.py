@@ -12,7 +12,7 @@ hierarchical bootstrap):
       per-step curve (step, reward mean, frac_reward_zero_std, useful, loss, tokens, seconds) and run row (pool,
       steps, useful share, D_cand overlap, train seconds) -> <data>/train_<arm>_s<seed>.parquet.
   (c) one unit per (model, draw): the reference and each arm's seed-d model on evaluation draw d (the ablation's
-      draws: runs.eval_seed(cfg, d), per-sample seeds shared by every model), every held-out profiled item x eval_k
+      draws: heldout.eval_seed(cfg, d), per-sample seeds shared by every model), every held-out profiled item x eval_k
       samples -> <data>/eval_<model>_d<draw>.parquet (turn, conversation, sample, reward, in_mixed, in_adv).
 
 An arm's model is evaluated by the same job that trained it, right after (its train unit written first), so no
@@ -102,9 +102,9 @@ def write_work_config(config: Path, raw: dict, work: Path) -> Path:
         for key in ("path", "tools"):
             if spec.get(key) and not Path(spec[key]).is_absolute():
                 spec[key] = str((base / spec[key]).resolve())
-    probe = (fixed.get("training") or {}).get("ood_probe")
+    probe = (fixed.get("evaluation") or {}).get("ood_probe")
     if probe and not Path(probe).is_absolute():
-        fixed["training"]["ood_probe"] = str((base / probe).resolve())
+        fixed["evaluation"]["ood_probe"] = str((base / probe).resolve())
     work.mkdir(parents=True, exist_ok=True)
     out = work / "pivot.yaml"
     out.write_text(yaml.safe_dump(fixed, sort_keys=False))
@@ -156,7 +156,7 @@ def write_json_atomic(obj, path: Path) -> None:
 def _train_unit_job(root: str, cfg, arm: str, seed: int, out: str | None, block: str | None = None) -> dict:
     """train_arm in a worker (training/ablation._train_arm_job); writes the unit file when `out` is given."""
     from pivot_assets.core.warehouse import Warehouse
-    from pivot_assets.training.ablation import _train_arm_job
+    from pivot_assets.evaluation.ablation import _train_arm_job
     from pivot_assets.training.runs import arm_dir
 
     t0 = time.time()
@@ -183,7 +183,7 @@ def _train_unit_job(root: str, cfg, arm: str, seed: int, out: str | None, block:
 
 def eval_rows_and_sets(wh, cfg) -> tuple[list[dict], dict[str, str], dict[str, set]]:
     """The held-out rows of the primary set, {turn: conversation}, and the secondary sets' members."""
-    from pivot_assets.training.evaluation import evaluation_sets, turn_conversations, turn_rows
+    from pivot_assets.evaluation.heldout import evaluation_sets, turn_conversations, turn_rows
 
     sets = evaluation_sets(wh, cfg)
     primary = cfg.ablation.primary if cfg.ablation else "profiled"
@@ -202,8 +202,9 @@ def _eval_unit_job(root: str, cfg, model: str, draw: int, rows: list[dict], grou
     """local_accuracy of one model on one draw (the ablation's draw seeds and engine), per sample -> the unit file."""
     from pivot_assets.core.hardware import configure_torch
     from pivot_assets.core.warehouse import Warehouse
-    from pivot_assets.training.evaluation import evaluation_engine, local_accuracy
-    from pivot_assets.training.runs import eval_seed, model_fingerprint
+    from pivot_assets.evaluation.heldout import evaluation_engine, local_accuracy
+    from pivot_assets.evaluation.heldout import eval_seed
+    from pivot_assets.training.runs import model_fingerprint
     from pivot_assets.verifiers import VerifierSets
 
     configure_torch(cfg.runtime.threads)
@@ -211,11 +212,11 @@ def _eval_unit_job(root: str, cfg, model: str, draw: int, rows: list[dict], grou
     path = model_path(wh, cfg, model, draw)
     engine = evaluation_engine(cfg)
     t0 = time.time()
-    result = local_accuracy(path, rows, VerifierSets.from_config(cfg).profiling, k=cfg.training.eval_k,
+    result = local_accuracy(path, rows, VerifierSets.from_config(cfg).profiling, k=cfg.evaluation.k,
                             max_new_tokens=cfg.training.max_completion_length, seed=eval_seed(cfg, draw),
                             temperature=engine.temperature, top_p=engine.top_p, policy=engine)
     seconds = round(time.time() - t0, 1)
-    const = {"model": model, "draw": draw, "model_fp": model_fingerprint(path, cfg), "eval_k": cfg.training.eval_k,
+    const = {"model": model, "draw": draw, "model_fp": model_fingerprint(path, cfg), "eval_k": cfg.evaluation.k,
              "eval_seed": eval_seed(cfg, draw), "backend": engine.backend, "seconds": seconds,
              "generated_tokens": result.get("generated_tokens"), "host": socket.gethostname(),
              "machine": machine(), "finished_at": time.time(), "block": block}
@@ -413,7 +414,7 @@ def run(config: Path, work: Path, data: Path, workers: int | None) -> dict:
     n = resolve_workers(cfg.runtime.workers, cfg.runtime.threads, len(tasks)) if workers is None else workers
     log(f"phases (b) and (c): {len(missing_train)} train unit(s), {len(trains) - len(missing_train)} model(s) to "
         f"train again for their evaluation, {len(missing_eval)} evaluation unit(s) of {len(rows)} held-out turns x "
-        f"eval_k {cfg.training.eval_k}; {len(tasks)} job(s), {n} at a time")
+        f"eval_k {cfg.evaluation.k}; {len(tasks)} job(s), {n} at a time")
 
     def done(job, result):
         task = job[2]
@@ -456,7 +457,7 @@ def sweep_slice(wh, cfg, seed: int, n: int) -> list[str]:
     import polars as pl
 
     from pivot_assets.core.ids import short_hash
-    from pivot_assets.training.ablation import arm_pool, pool_trajectories
+    from pivot_assets.evaluation.ablation import arm_pool, pool_trajectories
 
     pool = pool_trajectories(wh, cfg)
     adv = set(arm_pool(wh, cfg, "grpo_adv", seed, pool)["turn_id"].to_list())
@@ -467,8 +468,8 @@ def sweep_slice(wh, cfg, seed: int, n: int) -> list[str]:
 
 
 def _sweep_eval(wh, cfg, model_dir: str, rows: list[dict], sweep: dict, model: str, out: Path) -> float:
-    from pivot_assets.training.evaluation import evaluation_engine, local_accuracy
-    from pivot_assets.training.runs import eval_seed
+    from pivot_assets.evaluation.heldout import evaluation_engine, local_accuracy
+    from pivot_assets.evaluation.heldout import eval_seed
     from pivot_assets.verifiers import VerifierSets
 
     engine, t0 = evaluation_engine(cfg), time.time()
@@ -487,7 +488,7 @@ def _sweep_unit_job(root: str, cfg, lr: float | None, sweep: dict, rows: list[di
     its sweep-slice samples (-> sweep_eval_lr<lr>.parquet); lr None: the reference's samples only."""
     from pivot_assets.core.hardware import configure_torch
     from pivot_assets.core.warehouse import Warehouse
-    from pivot_assets.training.ablation import train_arm
+    from pivot_assets.evaluation.ablation import train_arm
     from pivot_assets.training.runs import reference_model
     from pivot_assets.verifiers import VerifierSets
 
@@ -590,7 +591,7 @@ def write_sweep_section(out: Path, text: str) -> None:
 def run_sweep(wh, cfg, sweep: dict, data: Path, workers: int | None) -> dict:
     """Compute the missing sweep units (the reference's slice samples, one unit per rate), then the choice."""
     from pivot_assets.core.parallel import resolve_workers
-    from pivot_assets.training.evaluation import turn_rows
+    from pivot_assets.evaluation.heldout import turn_rows
 
     data.mkdir(parents=True, exist_ok=True)
     rates = [float(x) for x in sweep["learning_rates"]]
@@ -695,7 +696,7 @@ def report_numbers(data: Path, arms: list[str], seeds: list[int], bootstrap: int
     adv - cand, from the eval unit files through the project's compare / pair_rows (hierarchical bootstrap)."""
     import polars as pl
 
-    from pivot_assets.training.evaluation import Policy, _matrix, compare, pair_rows
+    from pivot_assets.evaluation.heldout import Policy, _matrix, compare, pair_rows
 
     train, ev, missing = load_units(data, arms, seeds)
     if ev is None:
@@ -743,10 +744,10 @@ def report_numbers(data: Path, arms: list[str], seeds: list[int], bootstrap: int
 
 
 def load_report_cfg(bootstrap: int):
-    """A PivotConfig with the bootstrap count (compare reads training.bootstrap and the evaluation engine's labels)."""
+    """A PivotConfig with the bootstrap count (compare reads evaluation.bootstrap and the evaluation engine's labels)."""
     from pivot_assets.core.config import PivotConfig
 
-    return PivotConfig.model_validate({"base_dir": str(ROOT), "training": {"bootstrap": bootstrap}})
+    return PivotConfig.model_validate({"base_dir": str(ROOT), "evaluation": {"bootstrap": bootstrap}})
 
 
 def curves_png(train, path: Path) -> None:
@@ -784,11 +785,11 @@ def report(config: Path, data: Path, out: Path | None, png: Path | None) -> str:
     `out` (everything above RESULTS_MARK is kept)."""
     import polars as pl
 
-    from pivot_assets.training.evaluation import fmt_interval
+    from pivot_assets.evaluation.heldout import fmt_interval
 
     raw, section = read_raw(config)
     arms, seeds = list(raw["ablation"]["arms"]), [int(s) for s in raw["ablation"]["seeds"]]
-    bootstrap = int((raw.get("training") or {}).get("bootstrap", 1000))
+    bootstrap = int((raw.get("evaluation") or {}).get("bootstrap", 1000))
     primary = (raw.get("ablation") or {}).get("primary", "profiled")
     nums = report_numbers(data, arms, seeds, bootstrap, primary)
     half = section.get("half_width")

@@ -46,7 +46,7 @@ QUICK = "bench/RESULTS_ablation_bfcl_quick.md"
 INPUTS = {
     "S0": (2, f"{QUICK}: ablation seeds [0, 1]"),
     "I0": (174, f"{QUICK}: profiled set, 174 held-out items, 174 conversations"),
-    "k0": (2, "configs/ablation_bfcl_quick.yaml: training.eval_k 2"),
+    "k0": (2, "configs/ablation_bfcl_quick.yaml: evaluation.k 2"),
     "p_ref": (0.188, f"{QUICK}: reference accuracy 0.188 [0.147, 0.231]"),
     "ref_ci": ((0.147, 0.231), f"{QUICK}: reference row, ci95"),
     "ac_ci": ((-0.043, 0.075), f"{QUICK}: pair grpo_adv - grpo_cand, profiled, +0.016 [-0.043, +0.075]"),

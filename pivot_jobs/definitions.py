@@ -21,13 +21,14 @@ from pivot_assets.shared import Shared, resolve_shared
 def stage_builders():
     """Each stage package's `assets.build_assets`, in graph order (the group of an asset is its stage's folder)."""
     from pivot_assets.curation import assets as curation
+    from pivot_assets.evaluation import assets as evaluation
     from pivot_assets.ingest import assets as ingest
     from pivot_assets.profiling import assets as profiling
     from pivot_assets.refresh import assets as refresh
     from pivot_assets.training import assets as training
 
     return [ingest.build_assets, profiling.build_assets, curation.build_assets, training.build_assets,
-            refresh.build_assets]
+            evaluation.build_assets, refresh.build_assets]
 
 
 def build_definitions(config: str | os.PathLike | PivotConfig | None = None, shared: Shared | None = None

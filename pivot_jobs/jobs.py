@@ -8,7 +8,7 @@ PIPELINE_JOB = "pivot_pipeline"
 # workspace.yaml's location_name: `pivot run` labels its runs with it so the UI lists them under their job
 CODE_LOCATION = "pivot_curation"
 ABLATION_JOB = "ablation_job"
-# The ablation asset carries this tag (training/assets.py ABLATION_TAGS); it exists only in a config with an
+# The ablation asset carries this tag (evaluation/assets.py ABLATION_TAGS); it exists only in a config with an
 # `ablation:` section, so the selections below are empty (and the ablation never runs) without one.
 ABLATION_TAG = ("pivot/stage", "ablation")
 
@@ -18,6 +18,7 @@ PHASE_GROUPS = {
     "profile_job": "profiling",
     "curate_job": "curation",
     "train_job": "training",
+    "eval_job": "evaluation",
 }
 
 

@@ -13,8 +13,8 @@ from pivot_assets.core.config import ConfigError, PivotConfig
 from pivot_assets.core.engines import capabilities, missing
 
 # the asset groups that load the reference policy's model (or its engine): profiling samples it, training warms it
-# up, trains and evaluates from it, refresh rounds profile with its engine; ingest and curation never do
-MODEL_GROUPS = frozenset({"profiling", "training", "refresh"})
+# up and trains from it, evaluation samples it, refresh rounds profile with its engine; ingest and curation never do
+MODEL_GROUPS = frozenset({"profiling", "training", "evaluation", "refresh"})
 SFT_POLICY = "sft"  # `policy.model: sft`: the warm-up is the reference; it starts from `sft.model`
 
 
@@ -80,7 +80,7 @@ def models_loaded(cfg: PivotConfig, groups: set[str]) -> list[tuple[str, str]]:
     reference. A served model (backend openai) is loaded here only to train and evaluate from it."""
     key = "sft.model" if cfg.policy.model == SFT_POLICY else "policy.model"
     model = cfg.sft.model if key == "sft.model" else cfg.policy.model
-    if not capabilities(cfg.policy.backend).local_model and not groups & {"training", "refresh"}:
+    if not capabilities(cfg.policy.backend).local_model and not groups & {"training", "evaluation", "refresh"}:
         return []
     return [(key, model)]
 

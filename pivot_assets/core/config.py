@@ -21,7 +21,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from pivot_assets.core.engines import AUTO, EngineChoice, choose_engine
 from pivot_assets.core.identity import EVALUATION, PIVOTS, ROLLOUTS, SAMPLING, SFT, TRAINING, In
-from pivot_assets.core.identity import REFRESH
+from pivot_assets.core.identity import MOVED_TO_EVALUATION, REFRESH
 
 Dtype = Literal["auto", "float32", "bfloat16"]
 LAMBDA_DIFF = 0.6  # pivots.lambda_diff's default: the one source (contracts and the profiler's defaults read it)
@@ -251,7 +251,7 @@ class PivotsSection(_Strict):
 
 
 class TrainingSection(_Strict):
-    """GRPO on a pivot set (TRL), and the evaluation of the trained policies."""
+    """GRPO on a pivot set (TRL), and the held-out split (eval_fraction, seed) evaluation reads."""
 
     set: Annotated[Literal["adv", "mixed", "cand"], In(TRAINING)] = Field("adv", description=(
         "The pivot set GRPO trains on."))
@@ -268,7 +268,6 @@ class TrainingSection(_Strict):
         "Conversations only the SFT warm-up trains on; profiling skips them, so the reference never profiles "
         "what it was trained on (the three-way split, core/split.py). 0: warm-up / pool are one side (the "
         "two-way split)."))
-    eval_k: Annotated[int, In(EVALUATION)] = Field(4, ge=1, description="Samples per held-out turn in evaluation.")
     seed: Annotated[int, In(TRAINING, EVALUATION)] = Field(0, description="Seed of GRPO training and of the held-out split.")
     dtype: Annotated[Dtype, In(TRAINING)] = Field("auto", description=(
         "GRPO training precision; auto: bf16 autocast only where native."))
@@ -297,18 +296,14 @@ class TrainingSection(_Strict):
         "null: plain DDP."))
     save_steps: int = Field(50, ge=1, description=(
         "grpo_run writes a checkpoint every this many steps; a rerun of the same run resumes from the last one."))
-    # -- evaluation only (never retrains: EVALUATION, not TRAINING; core/identity.py) --
-    eval_seed: Annotated[int, In(EVALUATION)] = Field(0, description=(
-        "Evaluation draws are seeded per turn by seeded_int(\"pivot-eval\", eval_seed) (training/runs.eval_seed), "
-        "a stream apart from profiling's policy.seed, and the same for every policy evaluated."))
-    eval_max_turns: Annotated[int | None, In(EVALUATION)] = Field(None, ge=1, description=(
-        "Cap on held-out profiled turns evaluated (seeded hash order); null: all."))
-    bootstrap: Annotated[int, In(EVALUATION)] = Field(1000, ge=100, description=(
-        "Bootstrap resamples (over turns / probe items) for the 95% intervals."))
-    ood_probe: Annotated[str | None, In(EVALUATION)] = Field(None, description=(
-        "JSONL file or HF dataset dir of {prompt, answer, kind}; null: the built-in probe."))
-    ood_max_items: Annotated[int | None, In(EVALUATION)] = Field(None, ge=1, description=(
-        "Evaluate the first N probe items (seeded order); null: all."))
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_to_evaluation(cls, data):
+        moved = sorted(set(data) & set(MOVED_TO_EVALUATION)) if isinstance(data, dict) else []
+        if moved:
+            raise ValueError("; ".join(f"{k} moved to evaluation.{MOVED_TO_EVALUATION[k]}" for k in moved)
+                             + " (the `evaluation:` section)")
+        return data
 
     @model_validator(mode="after")
     def _split_leaves_a_pool(self):
@@ -318,6 +313,25 @@ class TrainingSection(_Strict):
         return self
 
 
+class EvaluationSection(_Strict):
+    """pivot_eval and the ablation's measurements (evaluation/): how held-out turns are sampled and scored, and the
+    OOD probe. Never retrains a model (EVALUATION, not TRAINING: core/identity.py). The held-out split itself
+    (training.eval_fraction, training.seed) and the completion length are shared with training."""
+
+    k: Annotated[int, In(EVALUATION)] = Field(4, ge=1, description="Samples per held-out turn.")
+    seed: Annotated[int, In(EVALUATION)] = Field(0, description=(
+        "Evaluation draws are seeded per turn by seeded_int(\"pivot-eval\", seed) (evaluation/heldout.eval_seed), a "
+        "stream apart from profiling's policy.seed, and the same for every policy evaluated."))
+    max_turns: Annotated[int | None, In(EVALUATION)] = Field(None, ge=1, description=(
+        "Cap on held-out profiled turns evaluated (seeded hash order); null: all."))
+    bootstrap: Annotated[int, In(EVALUATION)] = Field(1000, ge=100, description=(
+        "Bootstrap resamples (over turns / probe items) for the 95% intervals."))
+    ood_probe: Annotated[str | None, In(EVALUATION)] = Field(None, description=(
+        "JSONL file or HF dataset dir of {prompt, answer, kind}; null: the built-in probe."))
+    ood_max_items: Annotated[int | None, In(EVALUATION)] = Field(None, ge=1, description=(
+        "Evaluate the first N probe items (seeded order); null: all."))
+
+
 ARMS = ("grpo_adv", "grpo_cand", "grpo_mixed", "grpo_adv_exact", "sft_same_data")
 
 
@@ -325,7 +339,7 @@ EVAL_SET_NAMES = Literal["profiled", "mixed", "adv"]
 
 
 class AblationSection(_Strict):
-    """The paper's ablation (training/ablation.py): every arm from one init, each making `epochs` passes over its
+    """The paper's ablation (evaluation/ablation.py): every arm from one init, each making `epochs` passes over its
     own training pool, once per seed; the headline is the `primary` evaluation set, named before the run."""
 
     arms: list[Literal["grpo_adv", "grpo_cand", "grpo_mixed", "grpo_adv_exact", "sft_same_data"]] = Field(
@@ -477,7 +491,10 @@ class PivotConfig(_Strict):
     verifier: VerifierSection = Field(default_factory=VerifierSection, description=(
         "The verifier that scores each profiled sample against the expert action."))
     pivots: PivotsSection = Field(default_factory=PivotsSection, description="Pivot selection.")
-    training: TrainingSection = Field(default_factory=TrainingSection, description="GRPO training and evaluation.")
+    training: TrainingSection = Field(default_factory=TrainingSection, description=(
+        "GRPO training, and the held-out split it shares with evaluation."))
+    evaluation: EvaluationSection = Field(default_factory=EvaluationSection, description=(
+        "Evaluation of the trained policies: held-out local accuracy and the OOD probe."))
     sft: SFTSection = Field(default_factory=SFTSection, description="The SFT warm-up.")
     runtime: RuntimeSection = Field(default_factory=RuntimeSection, description="torch threads and worker processes.")
     scale: ScaleSection = Field(default_factory=ScaleSection, description="Sharding and Ray.")
@@ -552,7 +569,7 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
     loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
     if first["type"] == "extra_forbidden":
         return f"{source}: unknown key '{loc}'"
-    return f"{source}: {loc}: {first['msg']}"
+    return f"{source}: {loc}: {first['msg'].removeprefix('Value error, ')}"
 
 
 def _check_inputs(cfg: PivotConfig, source: str) -> None:

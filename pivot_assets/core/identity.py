@@ -18,7 +18,7 @@ belongs where it is declared; no list elsewhere has to remember it. The identiti
 Every code version, run key and row key is `fingerprint(...)`: core/ids.short_hash of core/ids.canonical_json.
 The config-only identities are computed here from the sections they read (typed BaseModel: core/config.py imports
 this module for the marker, so it cannot import the config back); the run keys (training/runs.py,
-training/evaluation.py) add the split, data versions and model fingerprints. The shapes below keep the hashes of
+evaluation/heldout.py) add the split, data versions and model fingerprints. The shapes below keep the hashes of
 existing warehouses.
 """
 
@@ -111,9 +111,16 @@ def launch_identity(training: BaseModel) -> dict:
     return {"processes": n} if n > 1 else {}
 
 
-def eval_identity(training: BaseModel) -> list:
-    """pivot_eval's code version: [the evaluation-only fields, then the EVALUATION fields a model also depends on
-    (the split and the completion length), in declaration order]."""
-    evaluation, trained = values(training, EVALUATION), set(fields_in(training, TRAINING))
-    return [{k: v for k, v in evaluation.items() if k not in trained},
-            *(v for k, v in evaluation.items() if k in trained)]
+# The `evaluation:` section's keys as they were named in `training:` (config.py points a config still using them to
+# the new keys; pivot_eval's identity keeps these names, so evaluations cached before the section stay cached).
+MOVED_TO_EVALUATION = {"eval_k": "k", "eval_seed": "seed", "eval_max_turns": "max_turns", "bootstrap": "bootstrap",
+                       "ood_probe": "ood_probe", "ood_max_items": "ood_max_items"}
+
+
+def eval_identity(training: BaseModel, evaluation: BaseModel) -> list:
+    """pivot_eval's code version: [the `evaluation:` section, under the names its keys had in `training:` (so
+    evaluations cached before the section existed stay cached), then the training fields evaluation also depends
+    on (the split and the completion length), in declaration order]."""
+    legacy_name = {new: old for old, new in MOVED_TO_EVALUATION.items()}
+    own = {legacy_name.get(k, k): v for k, v in values(evaluation, EVALUATION).items()}
+    return [own, *values(training, EVALUATION).values()]

@@ -63,7 +63,7 @@ def build_round_asset(cfg: PivotConfig, wh: Warehouse, verifiers: VerifierSets, 
     deps = ["grpo_run", "turn_profiles", *PIVOT_TABLES] if r == 0 else [refresh.round_asset(r - 1), "turns"]
     # round 0 records the chain; a later round also profiles, selects and trains under these settings
     version = {"version": refresh.VERSION, "round": r, "lambda_diff": cfg.pivots.lambda_diff,
-               "set": cfg.training.set, "eval_k": cfg.training.eval_k}
+               "set": cfg.training.set, "eval_k": cfg.evaluation.k}
     if r:
         version.update(refresh=values(cfg.refresh, REFRESH))
 

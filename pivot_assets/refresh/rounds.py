@@ -12,7 +12,7 @@ grpo_run's model. Round r >= 1:
    refresh.replay_fraction of the turns mastered in the last round (every sample passed) joins the training set;
 3. trains refresh.steps_per_round GRPO steps from round r-1's checkpoint (training/grpo.run_grpo) into
    models/refresh_round_<r>, keyed by everything it depends on: a rerun with the same key trains nothing;
-4. evaluates the checkpoint on the held-out profiled turns (training.eval_k draws under pivot_eval's seed).
+4. evaluates the checkpoint on the held-out profiled turns (evaluation.k draws under pivot_eval's seed).
 
 Every round writes its rows of refresh_profiles and refresh_budget as one part named by the round, which a rerun
 replaces: a rerun or a kill -9 duplicates nothing (rollouts and rewards are the profiler's keyed parts).
@@ -138,25 +138,26 @@ def budget_rows(r: int, policy_fp: str, profiling: dict, grpo: dict, evaluation:
 
 
 def evaluate(wh: Warehouse, cfg: "PivotConfig", verifiers, model: Path, log: Log) -> dict:
-    """Local accuracy of a round's checkpoint on the held-out profiled turns (training.eval_k samples each, under
+    """Local accuracy of a round's checkpoint on the held-out profiled turns (evaluation.k samples each, under
     pivot_eval's evaluation seed), cached by everything it depends on."""
-    from pivot_assets.training.evaluation import evaluation_engine, evaluation_sets, local_accuracy, turn_rows
-    from pivot_assets.training.runs import eval_seed, model_fingerprint
+    from pivot_assets.evaluation.heldout import evaluation_engine, evaluation_sets, local_accuracy, turn_rows
+    from pivot_assets.evaluation.heldout import eval_seed
+    from pivot_assets.training.runs import model_fingerprint
 
     turns = evaluation_sets(wh, cfg)["profiled"]
     engine = evaluation_engine(cfg)
     key = fingerprint({"model": model_fingerprint(str(model), cfg), "turns": fingerprint(turns),
-                       "k": cfg.training.eval_k, "max_new_tokens": cfg.training.max_completion_length,
+                       "k": cfg.evaluation.k, "max_new_tokens": cfg.training.max_completion_length,
                        "seed": eval_seed(cfg), "verifier": verifiers.fingerprint, "engine": engine.backend,
                        "temperature": engine.temperature, "top_p": engine.top_p})
     cache = wh.root / "refresh" / f"eval-{key}.json"
     if cache.is_file():
         return json.loads(cache.read_text())
-    log(f"evaluating {model.name} on {len(turns)} held-out turns x {cfg.training.eval_k}")
-    out = local_accuracy(str(model), turn_rows(wh, turns), verifiers, k=cfg.training.eval_k,
+    log(f"evaluating {model.name} on {len(turns)} held-out turns x {cfg.evaluation.k}")
+    out = local_accuracy(str(model), turn_rows(wh, turns), verifiers, k=cfg.evaluation.k,
                          max_new_tokens=cfg.training.max_completion_length, seed=eval_seed(cfg),
                          temperature=engine.temperature, top_p=engine.top_p, policy=engine)
-    result = {"accuracy": out["local_accuracy"], "turns": len(turns), "samples": len(turns) * cfg.training.eval_k,
+    result = {"accuracy": out["local_accuracy"], "turns": len(turns), "samples": len(turns) * cfg.evaluation.k,
               "generated_tokens": int(out.get("generated_tokens", 0))}
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_suffix(".tmp")

@@ -10,7 +10,6 @@ from pivot_assets.core.catalog import SET_TABLES
 from pivot_assets.core.config import PivotConfig
 from pivot_assets.core import hardware, identity
 from pivot_assets.core.identity import fingerprint
-from pivot_assets.core.ids import seeded_int
 from pivot_assets.core.warehouse import Warehouse
 
 MARKER = ".pivot_key"
@@ -47,24 +46,6 @@ def reference_model(wh: Warehouse, cfg: PivotConfig) -> str:
     """The policy that profiled (the reference of every comparison): the SFT warm-up when policy.model is
     `sft`, else policy.model (a served model is evaluated as the same name/dir through transformers)."""
     return str(wh.model_dir(SFT_DIR)) if cfg.policy.model == "sft" else cfg.policy.model
-
-
-EVAL_SEED_NAMESPACE = "pivot-eval"
-
-
-def eval_seed(cfg: PivotConfig, draw: int = 0) -> int:
-    """The sampling seed of an evaluation: seeded_int("pivot-eval", training.eval_seed), and for the ablation's
-    seed `draw` != 0 a stream of its own (ablation seed 0 and pivot_eval share their draws).
-
-    Backends seed each turn's generator with seeded_int(seed, turn_id), so evaluation draws are a stream
-    apart from profiling's (seed = policy.seed, a small integer) and the same for every policy evaluated
-    with one draw: a turn picked because the reference scored low on it is re-drawn fresh, for the reference too.
-    """
-    name = str(cfg.training.eval_seed) if draw == 0 else f"{cfg.training.eval_seed}:seed{draw}"
-    seed = seeded_int(EVAL_SEED_NAMESPACE, name)
-    if seed == cfg.policy.seed:  # astronomically unlikely; never reuse profiling's draws
-        seed = seeded_int(EVAL_SEED_NAMESPACE, f"{name}+1")
-    return seed
 
 
 def sft_identity(cfg: PivotConfig) -> dict:

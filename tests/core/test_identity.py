@@ -20,6 +20,7 @@ from pivot_assets.core import hardware, identity
 from pivot_assets.core.config import (
     PivotConfig,
     PolicySection,
+    EvaluationSection,
     TrainingSection,
     load_config,
 )
@@ -34,7 +35,9 @@ VARIANTS = {
     "ablation_cpu": ("configs/ablation_cpu.yaml", None),
     "adaptive": ("pivot.yaml", {"profiling": {"adaptive": {"enabled": True}},
                                 "training": {"reward_verifier": {"default": {"name": "exact"}}, "warmup_fraction": 0.2},
-                                "pivots": {"lambda_diff": 0.5}}),
+                                "pivots": {"lambda_diff": 0.5},
+                                # an override replaces a whole section: pinned when evaluation's keys were in it
+                                "evaluation": {}}),
 }
 PINS = {
     "ablation_cpu": {
@@ -132,7 +135,7 @@ def stubbed_keys(monkeypatch):
 def identity_values(cfg) -> dict:
     from pivot_assets.policies.base import SamplingConfig
     from pivot_assets.profiling.profiler import sampling_fingerprint
-    from pivot_assets.training.evaluation import eval_key, local_key, ood_key
+    from pivot_assets.evaluation.heldout import eval_key, local_key, ood_key
 
     out = {}
     shared = resolve_shared(cfg)
@@ -171,19 +174,37 @@ def _with(section_cls, **fields):
 def test_a_new_training_field_reaches_the_identities_its_marker_names():
     base = PivotConfig()
     trained = _with(TrainingSection, warm_restarts=(Annotated[int, In(TRAINING)], 0))
-    evaluated = _with(TrainingSection, eval_temperature=(Annotated[float, In(EVALUATION)], 0.0))
+    shared = _with(TrainingSection, prompt_suffix=(Annotated[str, In(TRAINING, EVALUATION)], ""))
+    evaluated = _with(EvaluationSection, temperature=(Annotated[float, In(EVALUATION)], 0.0))
     neither = _with(TrainingSection, log_every=(int, 1))
 
-    def identities(training):
-        cfg = base.model_copy(update={"training": training})
-        return runs.training_identity(cfg), identity.eval_identity(cfg.training)
+    def identities(training=base.training, evaluation=base.evaluation):
+        cfg = base.model_copy(update={"training": training, "evaluation": evaluation})
+        return runs.training_identity(cfg), identity.eval_identity(cfg.training, cfg.evaluation)
 
-    train0, eval0 = identities(base.training)
+    train0, eval0 = identities()
     train1, eval1 = identities(trained(warm_restarts=2))
     assert train1 == {**train0, "warm_restarts": 2} and eval1 == eval0  # retrains; pivot_eval unchanged
-    train2, eval2 = identities(evaluated(eval_temperature=0.5))
-    assert train2 == train0 and eval2[0] == {**eval0[0], "eval_temperature": 0.5}  # re-evaluates, never retrains
+    train2, eval2 = identities(evaluation=evaluated(temperature=0.5))
+    assert train2 == train0 and eval2[0] == {**eval0[0], "temperature": 0.5}  # re-evaluates, never retrains
+    train3, eval3 = identities(shared(prompt_suffix="x"))
+    assert train3 == {**train0, "prompt_suffix": "x"} and eval3 == [*eval0, "x"]  # both
     assert identities(neither(log_every=5)) == (train0, eval0)  # no marker: in no identity
+
+
+def test_evaluation_keys_keep_their_training_names_in_the_identity_and_old_configs_get_a_pointer(tmp_path):
+    """Evaluations cached before the `evaluation:` section existed stay cached; `training.eval_k` is a one-line
+    error naming its new key."""
+    from pivot_assets.core.config import ConfigError, load_config
+
+    own = identity.eval_identity(PivotConfig().training, PivotConfig().evaluation)[0]
+    assert own == {"eval_k": 4, "eval_seed": 0, "eval_max_turns": None, "bootstrap": 1000, "ood_probe": None,
+                   "ood_max_items": None}
+    path = tmp_path / "pivot.yaml"
+    path.write_text("training: {steps: 3, eval_k: 2, bootstrap: 200}\n")
+    with pytest.raises(ConfigError, match=r"training: bootstrap moved to evaluation.bootstrap; eval_k moved to "
+                                          r"evaluation.k \(the `evaluation:` section\)$"):
+        load_config(path)
 
 
 def test_a_new_policy_field_reaches_rollouts_and_sampling_by_its_marker():

@@ -68,8 +68,8 @@ def test_sft_steps_on_device(embedded_model_dir, tmp_path, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_evaluation_and_ood_probe_on_device(embedded_model_dir, device):
-    from pivot_assets.training.evaluation import local_accuracy
-    from pivot_assets.training.ood_probe import ood_accuracy, ood_probe_items
+    from pivot_assets.evaluation.heldout import local_accuracy
+    from pivot_assets.evaluation.ood_probe import ood_accuracy, ood_probe_items
     from pivot_assets.verifiers import DomainVerifiers
 
     rows = [{"turn_id": "t1", "trajectory_id": "T", "domain": "shop", "expert_action": json.dumps(ACTION),

@@ -128,7 +128,7 @@ def test_prompts_identical_across_profiling_sft_grpo_evaluation(qwen_dir, chat_t
     from datasets import Dataset
 
     from pivot_assets.curation.exports import hf_table
-    from pivot_assets.training.evaluation import _requests
+    from pivot_assets.evaluation.heldout import _requests
     from pivot_assets.training.grpo import _text_prompt_dataset
     from pivot_assets.training.sft import IGNORE_INDEX, turn_example
 

@@ -29,8 +29,8 @@ policy: {{backend: transformers, model: MODEL, k: {K}, max_new_tokens: 8, limit_
 verifier:
   default: {{name: string_similarity, graded: true, facts: ignore}}
 pivots: {{lambda_diff: 0.95}}
-training: {{set: adv, init: reference, steps: 1, num_generations: 2, max_completion_length: 8, eval_fraction: 0.3,
-           eval_k: 2, eval_max_turns: 1, bootstrap: 100}}
+training: {{set: adv, init: reference, steps: 1, num_generations: 2, max_completion_length: 8, eval_fraction: 0.3}}
+evaluation: {{k: 2, max_turns: 1, bootstrap: 100}}
 refresh: {{rounds: 2, steps_per_round: 1, skip_settled_prob: 1.0, replay_fraction: 1.0, seed: 0}}
 runtime: {{workers: 1, threads: 1}}
 """

@@ -8,6 +8,7 @@ import yaml
 from pivot_assets.core import hardware
 from pivot_assets.core.config import load_config
 from pivot_assets.core.warehouse import Warehouse
+from pivot_assets.evaluation.heldout import eval_seed
 from pivot_assets.training import runs
 
 
@@ -40,7 +41,7 @@ def test_sft_key_follows_the_sft_section_the_split_and_the_data(tmp_path, monkey
     assert key != runs.sft_key(wh, _cfg(tmp_path, sft={"steps": 3}))
     assert key != runs.sft_key(wh, _cfg(tmp_path, training={"eval_fraction": 0.3}))
     assert key != runs.sft_key(wh, _cfg(tmp_path, training={"warmup_fraction": 0.3}))  # trains on another split
-    assert key == runs.sft_key(wh, _cfg(tmp_path, training={"eval_k": 16}))  # evaluation-only: no retrain
+    assert key == runs.sft_key(wh, _cfg(tmp_path, evaluation={"k": 16}))  # evaluation-only: no retrain
     assert key != runs.sft_key(_warehouse(tmp_path, rows=("a", "c")), _cfg(tmp_path))
 
 
@@ -49,7 +50,7 @@ def test_grpo_key_ignores_evaluation_keys_and_follows_training_verifier_and_pivo
     wh = _warehouse(tmp_path)
     wh.write_table("pivots_adv", pa.table({"turn_id": ["t1"]}))
     key = runs.grpo_key(wh, _cfg(tmp_path), "v1")
-    assert key == runs.grpo_key(wh, _cfg(tmp_path, training={"eval_k": 16}), "v1")
+    assert key == runs.grpo_key(wh, _cfg(tmp_path, evaluation={"k": 16}), "v1")
     assert key != runs.grpo_key(wh, _cfg(tmp_path, training={"steps": 7}), "v1")
     assert key != runs.grpo_key(wh, _cfg(tmp_path), "v2")
     assert key != runs.grpo_key(wh, _cfg(tmp_path, training={"init": "reference"}), "v1")
@@ -67,13 +68,13 @@ def test_base_and_init_models(tmp_path):
 
 def test_eval_seed_is_apart_from_profiling_and_the_same_for_every_policy(tmp_path):
     cfg = _cfg(tmp_path)
-    seed = runs.eval_seed(cfg)
-    assert seed != cfg.policy.seed and seed == runs.eval_seed(_cfg(tmp_path, policy={"model": "sft"}))
-    assert seed != runs.eval_seed(_cfg(tmp_path, training={"eval_seed": 1}))
+    seed = eval_seed(cfg)
+    assert seed != cfg.policy.seed and seed == eval_seed(_cfg(tmp_path, policy={"model": "sft"}))
+    assert seed != eval_seed(_cfg(tmp_path, evaluation={"seed": 1}))
     # evaluation-only keys never retrain: the training identity ignores them
     ident = runs.training_identity(cfg)
-    for extra in ({"eval_seed": 3}, {"bootstrap": 200}, {"ood_max_items": 10}, {"eval_max_turns": 5}):
-        assert runs.training_identity(_cfg(tmp_path, training=extra)) == ident
+    for extra in ({"seed": 3}, {"bootstrap": 200}, {"ood_max_items": 10}, {"max_turns": 5}):
+        assert runs.training_identity(_cfg(tmp_path, evaluation=extra)) == ident
     assert runs.training_identity(_cfg(tmp_path, training={"reward_verifier": {"default": {"name": "exact"}}})) != ident
 
 
@@ -88,7 +89,7 @@ def test_arm_models_are_keyed_by_arm_seed_and_pool_and_evaluation_keys_never_ret
     keys = {runs.arm_key(wh, cfg, a, s, "v", ["u1"]) for a in cfg.ablation.arms for s in cfg.ablation.seeds}
     assert len(keys) == 10
     key = runs.arm_key(wh, cfg, "grpo_adv", 0, "v", ["u1"])
-    for evaluation_only in ({"training": {"eval_k": 9}}, {"training": {"bootstrap": 200}},
+    for evaluation_only in ({"evaluation": {"k": 9}}, {"evaluation": {"bootstrap": 200}},
                             {"ablation": {"seeds": [0, 1], "primary": "adv"}}):
         sections = {"ablation": {"seeds": [0, 1]}, **evaluation_only}
         assert key == runs.arm_key(wh, _cfg(tmp_path, **sections), "grpo_adv", 0, "v", ["u1"]), evaluation_only
@@ -127,8 +128,8 @@ def test_steps_come_from_the_pool_size_and_epochs(tmp_path):
 
 def test_each_ablation_seed_has_its_own_evaluation_draw_and_seed_0_is_pivot_evals(tmp_path):
     cfg = _cfg(tmp_path)
-    draws = {runs.eval_seed(cfg, s) for s in range(4)}
-    assert len(draws) == 4 and runs.eval_seed(cfg, 0) == runs.eval_seed(cfg)
+    draws = {eval_seed(cfg, s) for s in range(4)}
+    assert len(draws) == 4 and eval_seed(cfg, 0) == eval_seed(cfg)
 
 
 def test_ablation_config_rejects_unknown_arms(tmp_path):

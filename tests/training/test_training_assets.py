@@ -23,7 +23,8 @@ verifier:
   default: {name: string_similarity, graded: true, facts: ignore}
 pivots: {lambda_diff: 0.95, max_per_trajectory: 1}   # one pivot per trajectory: tiny pools, short arm runs
 training: {set: adv, init: sft, steps: 1, num_generations: 2, max_completion_length: 8, eval_fraction: 0.4,
-           warmup_fraction: 0.5, eval_k: 2, eval_max_turns: 6, ood_max_items: 12, bootstrap: 200}
+           warmup_fraction: 0.5}
+evaluation: {k: 2, max_turns: 6, ood_max_items: 12, bootstrap: 200}
 ablation: {arms: [grpo_adv, sft_same_data], seeds: [0], epochs: 1, primary: profiled}   # several: test_ablation_pools
 runtime: {workers: 1}   # the spies below see this process only; the workers' path is checked at the end
 """

@@ -5,7 +5,7 @@ checkable answers, asked with the same chat template as every other stage (one u
 answered greedily, scored deterministically. The built-in probe (`ood_probe_items()`, generated in code, no
 download) has 400+ items of two families: arithmetic over a grid of operands (plus, minus, times) and letter /
 word manipulation over a fixed word list (first and last letter, letter count, uppercase, reversal), plus the
-original hand-written facts. Bring your own with `training.ood_probe: PATH` (a JSONL file, or a Hugging Face
+original hand-written facts. Bring your own with `evaluation.ood_probe: PATH` (a JSONL file, or a Hugging Face
 dataset saved with save_to_disk) of {"prompt", "answer", "kind"} rows (`load_probe`).
 
 Lenient answer matching (a 135M model answers in sentences, not bare tokens), by item kind:
@@ -128,17 +128,17 @@ def load_probe(path: str) -> list[dict]:
 
         rows = [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
     else:
-        raise ValueError(f"training.ood_probe: no such file or directory: {p}")
+        raise ValueError(f"evaluation.ood_probe: no such file or directory: {p}")
     items = []
     for i, row in enumerate(rows):
         if not isinstance(row, dict) or not row.get("prompt") or row.get("answer") in (None, ""):
-            raise ValueError(f"training.ood_probe: {p} row {i + 1}: needs non-empty 'prompt' and 'answer'")
+            raise ValueError(f"evaluation.ood_probe: {p} row {i + 1}: needs non-empty 'prompt' and 'answer'")
         kind = row.get("kind") or "exact"
         if kind not in CATEGORY_MATCH:
-            raise ValueError(f"training.ood_probe: {p} row {i + 1}: kind {kind!r}: expected one of {sorted(CATEGORY_MATCH)}")
+            raise ValueError(f"evaluation.ood_probe: {p} row {i + 1}: kind {kind!r}: expected one of {sorted(CATEGORY_MATCH)}")
         items.append({"prompt": str(row["prompt"]), "answer": str(row["answer"]), "kind": kind})
     if not items:
-        raise ValueError(f"training.ood_probe: {p} has no items")
+        raise ValueError(f"evaluation.ood_probe: {p} has no items")
     return items
 
 

@@ -7,10 +7,10 @@ import re
 
 import pytest
 
-from pivot_assets.training.evaluation import local_accuracy
+from pivot_assets.evaluation.heldout import local_accuracy
 from collections import Counter
 
-from pivot_assets.training.ood_probe import (
+from pivot_assets.evaluation.ood_probe import (
     CATEGORY_MATCH,
     FAMILY,
     is_correct,
@@ -146,7 +146,7 @@ def test_an_engine_in_its_own_processes_scores_one_model_at_a_time(tmp_path):
     """runtime.workers scores several models at once with in-process engines; a vLLM engine is one per model."""
     from pivot_assets.core.config import load_config
     from pivot_assets.core.parallel import EVAL_MEMORY_GIB, resolve_workers
-    from pivot_assets.training.evaluation import evaluation_workers
+    from pivot_assets.evaluation.heldout import evaluation_workers
 
     (tmp_path / "pivot.yaml").write_text("policy: {backend: transformers}\nruntime: {workers: 2, threads: 1}\n")
     assert evaluation_workers(load_config(tmp_path / "pivot.yaml"), 3) == resolve_workers(2, 1, 3, EVAL_MEMORY_GIB)

@@ -7,7 +7,7 @@
     sft_same_data   per-turn SFT on the same D_adv turns (state cut from the left)       same-data SFT
 
 once per `ablation.seeds` entry, then evaluate them with the base model and the reference on the fixed,
-held-out evaluation sets (evaluation.py).
+held-out evaluation sets (heldout.py).
 
 - Pools: an arm trains on its pivot set's turns in the training pool (core/split.py: never a held-out or warm-up
   conversation). D_cand is redrawn per seed from the pool's candidates, as many as D_adv has in the pool; its
@@ -50,7 +50,7 @@ RUN_FILE = "ablation_run.json"  # beside the model: the run row, read back when 
 def arm_verifiers(verifiers: "VerifierSets", arm: str):
     """The reward of an arm: the reward set (training.reward_verifier, else the profiling one), or the exact set
     (ablation.exact_verifier) for grpo_adv_exact; None for SFT."""
-    from .runs import ARM_SPECS
+    from pivot_assets.training.runs import ARM_SPECS
 
     reward = ARM_SPECS[arm][2]
     if reward is None:
@@ -89,7 +89,7 @@ def arm_pool(wh: "Warehouse", cfg: "PivotConfig", arm: str, seed: int, pool: set
 
     from pivot_assets.core.catalog import SET_TABLES
 
-    from .runs import ARM_SPECS
+    from pivot_assets.training.runs import ARM_SPECS
 
     in_pool = pl.col("trajectory_id").is_in(sorted(pool))
     pivot_set = ARM_SPECS[arm][1]
@@ -118,7 +118,7 @@ def train_arm(wh: "Warehouse", cfg: "PivotConfig", arm: str, seed: int, verifier
     from pivot_assets.core import hardware
     from pivot_assets.core.ids import canonical_json, short_hash
 
-    from .runs import (ARM_SPECS, arm_dir, arm_key, init_model, is_done, prompts_per_step, steps_for_pool,
+    from pivot_assets.training.runs import (ARM_SPECS, arm_dir, arm_key, init_model, is_done, prompts_per_step, steps_for_pool,
                        write_marker)
 
     trainer, pivot_set, _ = ARM_SPECS[arm]
@@ -144,7 +144,7 @@ def train_arm(wh: "Warehouse", cfg: "PivotConfig", arm: str, seed: int, verifier
            "cand_overlap_adv": (cand_overlap(wh, cfg, seed, pool)["overlap"] if pivot_set == "cand" else None)}
     t0 = time.perf_counter()
     if trainer == "sft":
-        from .sft import pivot_turns, train_same_data_sft
+        from pivot_assets.training.sft import pivot_turns, train_same_data_sft
 
         options = cfg.sft.model_copy(update={"seed": seed,
                                              "learning_rate": cfg.ablation.sft_learning_rate or cfg.sft.learning_rate})
@@ -164,8 +164,8 @@ def train_arm(wh: "Warehouse", cfg: "PivotConfig", arm: str, seed: int, verifier
 
         from pivot_assets.core.split import ConversationSplit
 
-        from .grpo import run_grpo
-        from .vllm_rollout import resolve_rollout_engine
+        from pivot_assets.training.grpo import run_grpo
+        from pivot_assets.training.vllm_rollout import resolve_rollout_engine
 
         steps = steps_for_pool(len(turn_ids), prompts_per_step(cfg, "grpo"), epochs)
         dataset = to_hf_dataset(pivots, wh.read("trajectories"))
@@ -219,8 +219,8 @@ def _train_arm_job(root: str, cfg: "PivotConfig", arm: str, seed: int) -> dict:
 def ablation_policies(wh: "Warehouse", cfg: "PivotConfig"):
     """(policies to score, {arm: [policy names]}): base (the first seed's draw), the reference (every seed's
     draw: every arm/s is paired with it on draw s) and every arm/s (draw s)."""
-    from .evaluation import Policy
-    from .runs import arm_dir, base_model, reference_model
+    from .heldout import Policy
+    from pivot_assets.training.runs import arm_dir, base_model, reference_model
 
     seeds = tuple(cfg.ablation.seeds)
     policies = [Policy("base", base_model(cfg), draws=seeds[:1]), Policy("reference", reference_model(wh, cfg),
@@ -241,8 +241,8 @@ def run_ablation(wh: "Warehouse", cfg: "PivotConfig", verifiers: "VerifierSets",
     "sets", "eval_key", "eval_s", "wall_s"}."""
     from pivot_assets.core.parallel import resolve_workers, run_jobs
 
-    from .evaluation import compare, pair_rows, score_policies
-    from .runs import arm_dir
+    from .heldout import compare, pair_rows, score_policies
+    from pivot_assets.training.runs import arm_dir
 
     if cfg.ablation is None:
         raise ValueError("ablation: the config has no `ablation:` section")
@@ -295,7 +295,7 @@ def _check_same_turns(runs: list[dict], log: Callable[[str], None]) -> None:
 
 def ablation_markdown(rows: list[dict], eval_set: str) -> str:
     """The ablation table on one evaluation set (the primary one for the headline) plus OOD, as Markdown."""
-    from .evaluation import fmt_interval
+    from .heldout import fmt_interval
 
     by = {(r["policy"], r["eval_set"]): r for r in rows}
     names = list(dict.fromkeys(r["policy"] for r in rows))
@@ -316,7 +316,7 @@ def ablation_markdown(rows: list[dict], eval_set: str) -> str:
 
 def pairs_markdown(pairs: list[dict], eval_set: str) -> str:
     """The paired differences between arms on one evaluation set and OOD, and whether each 95% interval excludes 0."""
-    from .evaluation import fmt_interval
+    from .heldout import fmt_interval
 
     lines = ["| pair (a − b) | seeds | Δ on " + eval_set + " [95% CI] | excludes 0 | OOD Δ [95% CI] | excludes 0 |",
              "|---|---|---|---|---|---|"]

@@ -11,7 +11,7 @@ from pivot_assets.core.config import load_config
 from pivot_assets.core.split import HELD_OUT, POOL, WARMUP, ConversationSplit
 from pivot_assets.core.warehouse import Warehouse
 from pivot_assets.curation.tables import select_and_write
-from pivot_assets.training.ablation import arm_pool, cand_overlap, pool_trajectories
+from pivot_assets.evaluation.ablation import arm_pool, cand_overlap, pool_trajectories
 
 N = 300  # trajectories, one turn each, 3 per conversation
 
@@ -71,8 +71,8 @@ def test_arms_train_on_their_set_in_the_pool_and_d_cand_is_redrawn_per_seed_size
 def test_every_policy_is_scored_with_the_draws_it_is_compared_on(tmp_path, monkeypatch):
     """arm/s with seed s's draw; the reference with every seed's (each arm/s is paired with it on draw s); the base
     model with the first seed's; a model asked for by several policies is scored once with all their draws."""
-    from pivot_assets.training.ablation import ablation_policies
-    from pivot_assets.training.evaluation import _draws_by_model, local_key
+    from pivot_assets.evaluation.ablation import ablation_policies
+    from pivot_assets.evaluation.heldout import _draws_by_model, local_key
     from pivot_assets.verifiers import DomainVerifiers
 
     monkeypatch.setattr("pivot_assets.policies.models.policy_fingerprint", lambda model, fmt=None: f"fp:{model}")

@@ -31,6 +31,7 @@ def test_ablation_job_runs_the_ablation_and_what_it_needs_and_the_pipeline_never
     assert "grpo_run" not in ablation and "pivot_eval" not in ablation
     assert "ablation_results" not in _job_keys(defs, "pivot_pipeline")
     assert "ablation_results" not in _job_keys(defs, "train_job")
+    assert _job_keys(defs, "eval_job") == {"pivot_eval"}  # the evaluation group, without the (long) ablation
 
 
 def test_without_an_ablation_section_there_is_no_ablation_asset(tmp_path):

@@ -9,7 +9,7 @@ import yaml
 
 from pivot_assets.core.config import load_config
 from pivot_assets.core.warehouse import Warehouse
-from pivot_assets.training.evaluation import (
+from pivot_assets.evaluation.heldout import (
     Policy,
     compare,
     evaluation_sets,
@@ -167,7 +167,7 @@ def test_evaluation_sets_are_held_out_nested_and_independent_of_the_trained_set(
     assert sets["profiled"] == sorted(f"u{t[1:]}" for t in held)
     assert set(sets["adv"]) <= set(sets["mixed"]) <= set(sets["profiled"])
     assert sets["adv"] == [u for u in sets["profiled"] if int(u[1:]) % 4 == 0]
-    capped = evaluation_sets(wh, _cfg(tmp_path, training={"eval_fraction": 0.5, "eval_max_turns": 2}))
+    capped = evaluation_sets(wh, _cfg(tmp_path, training={"eval_fraction": 0.5}, evaluation={"max_turns": 2}))
     assert len(capped["mixed"]) <= 2 and set(capped["adv"]) <= set(capped["profiled"])
 
 
@@ -176,7 +176,7 @@ def test_pivot_eval_plot_has_a_panel_for_every_evaluation_set(tmp_path):
     import struct
 
     from pivot_assets.core.warehouse import Warehouse
-    from pivot_assets.training.assets import intervals_plot
+    from pivot_assets.evaluation.assets import intervals_plot
 
     rows = [{"policy": p, "eval_set": s, "accuracy": 0.5, "ci_low": 0.4, "ci_high": 0.6}
             for p in ("reference", "grpo") for s in ("adv", "mixed", "profiled", "ood")]

@@ -4,13 +4,13 @@
 - Fixed evaluation sets, independent of the set being trained (`evaluation_sets`): every held-out profiled
   turn (`profiled`), and the held-out turns of D_mixed (`mixed`) and D_adv (`adv`) under the reference
   policy. Held out = whole source conversations (core/split.py), never trained on by SFT, GRPO or any arm.
-- Fresh, common draws: every policy is sampled with an evaluation seed (runs.eval_seed), a stream apart
+- Fresh, common draws: every policy is sampled with an evaluation seed (eval_seed), a stream apart
   from profiling's, the same per turn for every policy, the reference included (a turn chosen because the
   reference scored low on it regresses toward its mean on a fresh draw, for the reference too). The ablation's
   seed s has a draw of its own: arm/s, the reference and the base model are all scored with draw s.
 - Local accuracy of a turn = mean verifier reward (the profiling verifier) over eval_k samples; a set's
   accuracy = the mean over its turns (and draws). OOD accuracy = share of probe items answered right (greedy).
-- 95% intervals: a hierarchical percentile bootstrap, `training.bootstrap` resamples: seeds (draws), then source
+- 95% intervals: a hierarchical percentile bootstrap, `evaluation.bootstrap` resamples: seeds (draws), then source
   conversations, then turns within a conversation (probe items for OOD). A paired difference (against the
   reference, or between two arms) resamples the same seeds, conversations and turns for both sides.
 - Scores are cached under warehouse/eval_cache by (model fingerprint, draw key) and (model fingerprint, probe
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 from pivot_assets.core.config import PolicySection
+from pivot_assets.core.ids import seeded_int
 
 from pivot_assets.core.shapes import as_canonical_messages
 from pivot_assets.environments import TurnState
@@ -39,6 +40,23 @@ if TYPE_CHECKING:
     from pivot_assets.core.warehouse import Warehouse
     from pivot_assets.policies.factory import EngineSlot
 
+
+EVAL_SEED_NAMESPACE = "pivot-eval"
+
+
+def eval_seed(cfg: PivotConfig, draw: int = 0) -> int:
+    """The sampling seed of an evaluation: seeded_int("pivot-eval", evaluation.seed), and for the ablation's
+    seed `draw` != 0 a stream of its own (ablation seed 0 and pivot_eval share their draws).
+
+    Backends seed each turn's generator with seeded_int(seed, turn_id), so evaluation draws are a stream
+    apart from profiling's (seed = policy.seed, a small integer) and the same for every policy evaluated
+    with one draw: a turn picked because the reference scored low on it is re-drawn fresh, for the reference too.
+    """
+    name = str(cfg.evaluation.seed) if draw == 0 else f"{cfg.evaluation.seed}:seed{draw}"
+    seed = seeded_int(EVAL_SEED_NAMESPACE, name)
+    if seed == cfg.policy.seed:  # astronomically unlikely; never reuse profiling's draws
+        seed = seeded_int(EVAL_SEED_NAMESPACE, f"{name}+1")
+    return seed
 
 def _state_messages(row: dict) -> list[dict]:
     for key in ("messages", "state", "prompt"):
@@ -145,7 +163,7 @@ def _reference_generation(wh: "Warehouse") -> tuple[str, str] | None:
 def evaluation_sets(wh: "Warehouse", cfg: "PivotConfig") -> dict[str, list[str]]:
     """{profiled, mixed, adv: sorted held-out turn ids}: fixed sets that do not depend on training.set.
 
-    With training.eval_max_turns, each set keeps its first N turns in a seeded hash order (so adv ⊂ mixed ⊂
+    With evaluation.max_turns, each set keeps its first N turns in a seeded hash order (so adv ⊂ mixed ⊂
     profiled stays true wherever the sets are nested)."""
     import polars as pl
 
@@ -164,11 +182,11 @@ def evaluation_sets(wh: "Warehouse", cfg: "PivotConfig") -> dict[str, list[str]]
         df = df.filter((pl.col("policy_fp") == generation[0]) & (pl.col("verifier_fp") == generation[1]))
         turns = wh.read("turns", ["turn_id", "trajectory_id"]).filter(pl.col("trajectory_id").is_in(held_out))
         ids = sorted(set(df["turn_id"].to_list()) & set(turns["turn_id"].to_list()))
-        if cfg.training.eval_max_turns is not None and len(ids) > cfg.training.eval_max_turns:
-            keep = set(sorted(ids, key=lambda t: seeded_unit("eval-cap", t))[: cfg.training.eval_max_turns])
+        if cfg.evaluation.max_turns is not None and len(ids) > cfg.evaluation.max_turns:
+            keep = set(sorted(ids, key=lambda t: seeded_unit("eval-cap", t))[: cfg.evaluation.max_turns])
             ids = [t for t in ids if t in keep]
         sets[name] = ids
-    if cfg.training.eval_max_turns is not None:  # keep the nesting: a capped mixed/adv turn is always profiled
+    if cfg.evaluation.max_turns is not None:  # keep the nesting: a capped mixed/adv turn is always profiled
         union = sorted(set().union(*sets.values()))
         sets["profiled"] = sorted(set(sets["profiled"]) | (set(union) - set(sets["profiled"])))
     return sets
@@ -242,7 +260,7 @@ def resampled_mean(values, draws: Resamples) -> tuple[float | None, float | None
 @dataclass(frozen=True)
 class Policy:
     """One row of a comparison: a name, the arm and seed it came from (None for base/reference), its model, and
-    the evaluation draws it is scored with (runs.eval_seed(cfg, draw); every policy compared on one draw shares
+    the evaluation draws it is scored with (eval_seed(cfg, draw); every policy compared on one draw shares
     its samples' seeds)."""
 
     name: str
@@ -271,11 +289,10 @@ def local_key(cfg: "PivotConfig", turns: list[str], verifiers, draw: int = 0) ->
     from pivot_assets.core.hardware import policy_precision
     from pivot_assets.core.ids import canonical_json, short_hash
 
-    from .runs import eval_seed
 
     engine = evaluation_engine(cfg)
     return short_hash(canonical_json({
-        "turns": sorted(turns), "k": cfg.training.eval_k, "verifier": verifiers.fingerprint,
+        "turns": sorted(turns), "k": cfg.evaluation.k, "verifier": verifiers.fingerprint,
         "max_new_tokens": cfg.training.max_completion_length, "seed": eval_seed(cfg, draw),
         "sampling": [engine.temperature, engine.top_p],
         "engine": [engine.backend, policy_precision(engine).dtype, engine.device],
@@ -312,7 +329,6 @@ def policy_scores(wh: "Warehouse", cfg: "PivotConfig", model: str, model_fp: str
     from pivot_assets.core.hardware import policy_precision
     from pivot_assets.policies.models import PromptFormat
 
-    from .runs import eval_seed
 
     engine = evaluation_engine(cfg)
     precision = policy_precision(engine)
@@ -323,7 +339,7 @@ def policy_scores(wh: "Warehouse", cfg: "PivotConfig", model: str, model_fp: str
         path = _cache_path(wh, model_fp, local_key(cfg, turn_ids, verifiers, draw))
         if not path.exists():
             t0, cached = time.perf_counter(), False
-            local = (local_accuracy(model, rows, verifiers, k=cfg.training.eval_k,
+            local = (local_accuracy(model, rows, verifiers, k=cfg.evaluation.k,
                                     max_new_tokens=cfg.training.max_completion_length, seed=eval_seed(cfg, draw),
                                     temperature=engine.temperature, top_p=engine.top_p, policy=engine,
                                     engines=engines)
@@ -335,7 +351,7 @@ def policy_scores(wh: "Warehouse", cfg: "PivotConfig", model: str, model_fp: str
     path = _cache_path(wh, model_fp, ood_key(cfg, probe))
     if not path.exists():
         t0, cached, details = time.perf_counter(), False, []
-        ood_accuracy(model, probe, seed=cfg.training.eval_seed, dtype=precision.dtype, device=engine.device,
+        ood_accuracy(model, probe, seed=cfg.evaluation.seed, dtype=precision.dtype, device=engine.device,
                      details=details, fmt=PromptFormat.from_policy(engine))
         _write_scores(wh, path, [str(i) for i in range(len(details))],
                       [1.0 if d["correct"] else 0.0 for d in details], time.perf_counter() - t0)
@@ -416,7 +432,7 @@ def compare(cfg: "PivotConfig", policies: list[tuple[Policy, dict]], sets: dict[
         ids, units = _units(sets, name, groups or {}, probe_n)
         for policy, scores in entries:
             values = _matrix(scores, ids, policy.draws)
-            draws = hierarchical_resamples(units, len(policy.draws), cfg.training.bootstrap, name)
+            draws = hierarchical_resamples(units, len(policy.draws), cfg.evaluation.bootstrap, name)
             acc = resampled_mean(values, draws) if values and units else (None, None, None)
             base = _matrix(ref, ids, policy.draws) if ref is not None else None
             delta = (resampled_mean([[a - b for a, b in zip(x, y)] for x, y in zip(values, base)], draws)
@@ -424,7 +440,7 @@ def compare(cfg: "PivotConfig", policies: list[tuple[Policy, dict]], sets: dict[
             rows.append({"policy": policy.name, "arm": policy.arm, "seed": policy.seed,
                          "model_fp": scores.get("model_fp"), "eval_key": key, "eval_set": name, "n": len(units),
                          "n_conversations": len(set(units)),
-                         "n_seeds": len(policy.draws), "k": cfg.training.eval_k if ids is not None else 1,
+                         "n_seeds": len(policy.draws), "k": cfg.evaluation.k if ids is not None else 1,
                          "accuracy": acc[0], "ci_low": acc[1], "ci_high": acc[2], "delta": delta[0],
                          "delta_low": delta[1], "delta_high": delta[2], "backend": engine.backend,
                          "dtype": precision.dtype, "device": engine.device,
@@ -451,7 +467,7 @@ def pair_rows(cfg: "PivotConfig", policies: list[tuple[Policy, dict]], sets: dic
             if not (units and common and va and vb):
                 delta = (None, None, None)
             else:
-                draws = hierarchical_resamples(units, len(common), cfg.training.bootstrap, name)
+                draws = hierarchical_resamples(units, len(common), cfg.evaluation.bootstrap, name)
                 delta = resampled_mean([[x - y for x, y in zip(ra, rb)] for ra, rb in zip(va, vb)], draws)
             excludes = None if delta[1] is None else bool(delta[1] > 0 or delta[2] < 0)
             rows.append({"eval_set": name, "arm_a": a, "arm_b": b, "eval_key": key, "n_seeds": len(common),
@@ -512,12 +528,12 @@ def score_policies(wh: "Warehouse", cfg: "PivotConfig", verifiers, policies: lis
     from pivot_assets.policies.factory import EngineSlot
 
     from .ood_probe import probe_items
-    from .runs import model_fingerprint
+    from pivot_assets.training.runs import model_fingerprint
 
     configure_torch(cfg.runtime.threads)
     sets = evaluation_sets(wh, cfg)
     rows = turn_rows(wh, set().union(*sets.values()))
-    probe = probe_items(cfg.training.ood_probe, cfg.training.ood_max_items)
+    probe = probe_items(cfg.evaluation.ood_probe, cfg.evaluation.ood_max_items)
     draws = sorted({d for p in policies for d in p.draws})
     key = eval_key(cfg, sets, verifiers, probe, draws)
     log("evaluation sets (held out): " + ", ".join(f"{k} {len(v)} turns" for k, v in sets.items())
@@ -546,7 +562,7 @@ def score_policies(wh: "Warehouse", cfg: "PivotConfig", verifiers, policies: lis
 
 def _draws_by_model(cfg: "PivotConfig", policies: list[Policy]) -> dict[str, tuple[str, list[int]]]:
     """{model fingerprint: (model, every draw any policy of that model is scored with)}."""
-    from .runs import model_fingerprint
+    from pivot_assets.training.runs import model_fingerprint
 
     wanted: dict[str, tuple[str, list[int]]] = {}
     for p in policies:
@@ -610,7 +626,7 @@ def _cache_path(wh: "Warehouse", model_fp: str, key: str) -> Path:
 def evaluation_policies(wh: "Warehouse", cfg: "PivotConfig") -> list[tuple[str, str]]:
     """(name, model) of pivot_eval's rows: the base model, the reference (the policy that profiled), the SFT
     warm-up when it is not the reference, and the GRPO policy of training.set when trained."""
-    from .runs import GRPO_DIR, SFT_DIR, base_model, read_marker, reference_model
+    from pivot_assets.training.runs import GRPO_DIR, SFT_DIR, base_model, read_marker, reference_model
 
     policies = [("base", base_model(cfg))]
     from pivot_assets.policies.factory import capabilities
