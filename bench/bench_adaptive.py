@@ -322,8 +322,12 @@ def generation_figures(dagster_home: Path) -> dict:
     with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
         event = instance.get_latest_materialization_event(dg.AssetKey("rollouts"))
         meta = {k: v.value for k, v in event.asset_materialization.metadata.items()}
-    return {k: meta.get(k) for k in ("generation_s", "rounds", "waves", "wave_samples_mean", "prefill_tokens_computed",
-                                     "prompt_tokens_total", "turns", "expert_tokens_scored")}
+    figures = {k: meta.get(k) for k in ("generation_s", "rounds", "waves", "wave_samples_mean", "prefill_tokens_computed",
+                                        "prompt_tokens_total", "turns", "expert_tokens_scored")}
+    submitted, cached = meta.get("prompt_tokens_submitted"), meta.get("prompt_tokens_cached")
+    # vLLM's prefix cache: the share of every request's prompt tokens it served (a backend without the counters: -)
+    figures["prefix_cache_hit_rate"] = round(cached / submitted, 3) if submitted and cached is not None else None
+    return figures
 
 
 def engine_calls(wh: Path) -> list[tuple[float, int]]:
@@ -413,6 +417,7 @@ def run_section(args, base: dict, out: Path, label_wh: Path, log: Path, label_se
                       ("generated tokens", "tokens"), ("rounds", "rounds"), ("waves (engine calls)", "waves"),
                       ("samples per wave, mean", "wave_samples_mean"), ("prompt prefills", "turns"),
                       ("prefill tokens computed", "prefill_tokens_computed"),
+                      ("prefix-cache hit rate (prompt tokens served from vLLM's cache)", "prefix_cache_hit_rate"),
                       ("load average (start -> end)", "load"), ("stop reasons", "reasons")):
         cells = [round(results[m][key]) if key == "wall" else results[m].get(key) for m in names]
         cells = ["-" if c is None else c for c in cells]

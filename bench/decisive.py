@@ -342,8 +342,9 @@ def log(message: str) -> None:
     print(f"[decisive] {message}", file=sys.stderr, flush=True)
 
 
-def prepare(config: Path, raw: dict, work: Path, data: Path) -> Path:
-    """Phase (a): pivot run up to the pivot sets (cached in the work dir's warehouse when already there)."""
+def prepare(config: Path, raw: dict, work: Path, data: Path) -> tuple[Path, str]:
+    """Phase (a): pivot run up to the pivot sets (cached in the work dir's warehouse when already there); returns the
+    work config and the block of its outputs (block_id, recorded in prepare.json)."""
     cfg_path = write_work_config(config, raw, work)
     env = {**os.environ, "DAGSTER_HOME": str(work / "dagster_home"), "HF_HUB_OFFLINE": "1"}
     (work / "dagster_home").mkdir(parents=True, exist_ok=True)
@@ -360,12 +361,13 @@ def prepare(config: Path, raw: dict, work: Path, data: Path) -> Path:
     from pivot_assets.core.warehouse import Warehouse
 
     cfg = load_cfg(cfg_path)
+    block = block_id(Warehouse(cfg.warehouse), cfg)
     record = json.loads((data / "prepare.json").read_text()) if (data / "prepare.json").is_file() else {"runs": []}
     record["runs"].append({"wall_s": wall, "host": socket.gethostname(), "machine": machine(),
-                           "finished_at": time.time(), "block": block_id(Warehouse(cfg.warehouse), cfg)})
+                           "finished_at": time.time(), "block": block})
     write_json_atomic(record, data / "prepare.json")
     log(f"phase (a): {wall:.0f} s")
-    return cfg_path
+    return cfg_path, block
 
 
 def run(config: Path, work: Path, data: Path, workers: int | None) -> dict:
@@ -380,7 +382,7 @@ def run(config: Path, work: Path, data: Path, workers: int | None) -> dict:
         print(f"decisive: computed 0 unit(s) (train 0, eval 0); {present} already present", flush=True)
         return computed
     data.mkdir(parents=True, exist_ok=True)
-    cfg_path = prepare(config, raw, work, data)
+    cfg_path, block = prepare(config, raw, work, data)
     cfg = load_cfg(cfg_path)
     from pivot_assets.core.parallel import resolve_workers
     from pivot_assets.core.warehouse import Warehouse
@@ -390,7 +392,6 @@ def run(config: Path, work: Path, data: Path, workers: int | None) -> dict:
     # a model lives only in the work dir: it is evaluated by the job that trained it, so a machine change never
     # strands a trained model without its evaluation; one whose evaluation is missing and whose model the work dir
     # lacks (a new machine) is trained again, its curve kept apart (retrain_<arm>_s<seed>), its train unit as it is
-    block = block_id(wh, cfg)
     moved = supersede_other_blocks(data, seeds, arms, block)
     if moved:
         log(f"{len(moved)} unit(s) of incomplete seeds came from another phase (a) (another machine or precision): "
@@ -616,7 +617,7 @@ def run_sweep(wh, cfg, sweep: dict, data: Path, workers: int | None) -> dict:
 def sweep_phase(config: Path, work: Path, data: Path, workers: int | None, out: Path | None) -> dict:
     """--sweep-only: phase (a) and the sweep, its section written to the results file; no training unit."""
     raw, section = read_raw(config)
-    cfg_path = prepare(config, raw, work, data)
+    cfg_path, _ = prepare(config, raw, work, data)
     from pivot_assets.core.warehouse import Warehouse
 
     cfg = load_cfg(cfg_path)
@@ -872,12 +873,12 @@ def report(config: Path, data: Path, out: Path | None, png: Path | None) -> str:
               "|---|---|---|---|",
               f"| (a) prepare: ingest, warm-up, profiling, pivot sets | {len(prep['runs'])} run(s) | "
               f"{sum(r['wall_s'] for r in prep['runs']):.0f} | "
-              f"{'; '.join(sorted({r.get('machine') or 'host ' + r['host'] for r in prep['runs']}))} |"]
+              f"{'; '.join(sorted({machine_or_host(r.get('machine'), r['host']) for r in prep['runs']}))} |"]
     if train is not None:
-        t = train.group_by("arm", "seed").agg(pl.col("train_s").first(), where(train).first())
+        t = train.with_columns(where(train)).group_by("arm", "seed").agg(pl.col("train_s").first(), pl.col("where").first())
         lines.append(f"| (b) GRPO runs | {t.height} | {t['train_s'].sum():.0f} | {'; '.join(sorted(set(t['where'])))} |")
     if ev is not None:
-        e = ev.group_by("model", "draw").agg(pl.col("seconds").first(), where(ev).first())
+        e = ev.with_columns(where(ev)).group_by("model", "draw").agg(pl.col("seconds").first(), pl.col("where").first())
         lines.append(f"| (c) evaluation | {e.height} | {e['seconds'].sum():.0f} | {'; '.join(sorted(set(e['where'])))} |")
     lines += seed_lines(train, ev, seeds, prep)
     lines.append("")
@@ -892,12 +893,17 @@ def report(config: Path, data: Path, out: Path | None, png: Path | None) -> str:
     return text
 
 
+def machine_or_host(machine: str | None, host: str) -> str:
+    """How a unit or a phase (a) run names where it ran: its machine, or its hostname where it predates the column."""
+    return machine or f"host {host}"
+
+
 def where(frame):
-    """A unit's machine, or its hostname where the unit predates the machine column."""
+    """A unit's machine_or_host, as a column (the unit files are small: row by row)."""
     import polars as pl
 
-    host = pl.lit("host ") + pl.col("host")
-    return (pl.coalesce(pl.col("machine"), host) if "machine" in frame.columns else host).alias("where")
+    machines = frame["machine"] if "machine" in frame.columns else [None] * frame.height
+    return pl.Series("where", [machine_or_host(m, h) for m, h in zip(machines, frame["host"])], pl.String)
 
 
 def seed_lines(train, ev, seeds: list[int], prep: dict) -> list[str]:
@@ -922,7 +928,7 @@ def seed_lines(train, ev, seeds: list[int], prep: dict) -> list[str]:
             lines.append(f"| {seed} | (not run) | |")
             continue
         blocks = sorted({b or "(none recorded)" for b in g["block"].to_list()})
-        machines = sorted({m or block_machine.get(b) or f"host {h}"
+        machines = sorted({machine_or_host(m or block_machine.get(b), h)
                            for b, m, h in g.select("block", "machine", "host").iter_rows()})
         lines.append(f"| {seed} | {', '.join(blocks)} | {'; '.join(machines)} |")
     return lines
