@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM := false
 # Material for MkDocs prints a multi-line notice on every build without it.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup setup-vllm setup-gpu demo test ui docs config-reference bench clean
+.PHONY: setup setup-vllm setup-gpu setup-browser demo test ui docs config-reference bench clean
 
 setup: $(VENV)/.installed
 
@@ -46,6 +46,13 @@ $(VENV)/.vllm-installed: $(VENV)/.installed
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	$(PY) -c "import vllm, transformers; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
 	touch $@
+
+# A headless Chromium (Debian's package) for the browser test of the UI (tests/pipeline/test_ui.py renders the
+# Overview timeline); without one that test skips, saying so. Needs apt and root.
+setup-browser:
+	@command -v chromium >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null \
+		|| (apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null) \
+		|| echo "setup-browser: could not install chromium (apt, root): the browser test of the UI will skip"
 
 # One CUDA GPU: vLLM's CUDA build and the torch it pins (PyPI's torch 2.13.0, a CUDA build) before `make setup`
 # (which then finds torch==2.13.0 installed and keeps it). The pins and why: pyproject.toml's [gpu] extra.

@@ -2,6 +2,7 @@
 through the webserver's GraphQL API (what the UI's buttons call) materializes into the configured warehouse."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -76,13 +77,13 @@ def test_run_launched_through_the_webserver(tmp_path):
         con.close()
 
 
-def test_pivot_ui_shows_the_runs_of_pivot_run_with_the_same_config(tmp_path):
-    """A config outside the repo keeps its own instance (<its folder>/.dagster_home); `pivot ui --config` opens
-    the webserver on that instance and that config's definitions, so the run `pivot run --config` made is there,
-    on the Overview timeline too: the timeline's own query (dagster-webui useRunsForTimeline) returns it with a
-    repository origin naming a job of the workspace (the timeline leaves off a run without one)."""
+@pytest.fixture(scope="module")
+def served_project(tmp_path_factory):
+    """A config outside the repo, one `pivot run --config` of it, then `pivot ui --config` on it: (port, answers of
+    the webserver's GraphQL to the timeline's run fields and the workspace's repositories)."""
     from dagster_graphql import DagsterGraphQLClient
 
+    tmp_path = tmp_path_factory.mktemp("ui")
     project = tmp_path / "project"
     project.mkdir()
     config = project / "my.yaml"
@@ -109,6 +110,15 @@ def test_pivot_ui_shows_the_runs_of_pivot_run_with_the_same_config(tmp_path):
             except Exception:  # not listening yet
                 time.sleep(2)
         assert runs is not None, "pivot ui did not answer within 180 s"
+        yield port, runs, repos
+
+
+def test_pivot_ui_shows_the_runs_of_pivot_run_with_the_same_config(served_project):
+    """A config outside the repo keeps its own instance (<its folder>/.dagster_home); `pivot ui --config` opens
+    the webserver on that instance and that config's definitions, so the run `pivot run --config` made is there,
+    on the Overview timeline too: the timeline's own query (dagster-webui useRunsForTimeline) returns it with a
+    repository origin naming a job of the workspace (the timeline leaves off a run without one)."""
+    _, runs, repos = served_project
     assert [(r["jobName"], r["status"]) for r in runs] == [("pivot_pipeline", "SUCCESS")]
     nodes = repos["repositoriesOrError"]["nodes"]
     assert nodes and nodes[0]["location"]["name"] == "pivot_curation"
@@ -118,6 +128,37 @@ def test_pivot_ui_shows_the_runs_of_pivot_run_with_the_same_config(tmp_path):
     origin = runs[0]["repositoryOrigin"]
     assert origin is not None, "a run without a repository origin is left off the Overview timeline"
     assert (origin["repositoryName"], origin["repositoryLocationName"], runs[0]["jobName"]) in workspace_jobs
+
+
+def browser() -> str | None:
+    """A headless-capable Chromium on PATH (`make setup-browser` installs Debian's)."""
+    return next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+
+
+def rendered(url: str, chrome: str) -> str:
+    """The page's DOM after its scripts ran (the UI's React app fetches its GraphQL and renders), from headless
+    Chromium; virtual time lets the page's requests finish without waiting the wall clock."""
+    proc = subprocess.run([chrome, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                           "--virtual-time-budget=30000", "--dump-dom", url], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_the_run_of_pivot_run_is_drawn_on_the_overview_timeline_in_a_browser(served_project):
+    """What a user sees: Chromium renders `pivot ui`'s Overview timeline, and the row of the run's job
+    (pivot_curation / pivot_pipeline) holds a drawn run (the timeline draws a run as a chunk in its job's row)."""
+    import re
+
+    chrome = browser()
+    if chrome is None:
+        pytest.skip("no Chromium on PATH: `make setup-browser` installs it (apt)")
+    port, _, _ = served_project
+    dom = rendered(f"http://127.0.0.1:{port}/overview/timeline", chrome)
+    row = re.search(r'href="/locations/pivot_curation/jobs/pivot_pipeline".*?(?=href="/locations/|$)', dom, re.S)
+    assert row, "no timeline row for pivot_curation / pivot_pipeline in the rendered page"
+    assert re.search(r'class="RunTimeline_runChunk__', row.group(0)), "the job's row has no run drawn"
+    assert "pivot_pipeline" in rendered(f"http://127.0.0.1:{port}/runs", chrome)  # and on the Runs page
 
 
 def test_pivot_ui_with_a_bad_config_is_one_line(tmp_path):
