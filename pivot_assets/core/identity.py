@@ -94,7 +94,7 @@ def sft_identity(sft: BaseModel, dtype: str) -> dict:
 
 
 def training_identity(training: BaseModel, dtype: str) -> dict:
-    """The training section's TRAINING fields (changing eval_k must not retrain) and `dtype` as resolved on the
+    """The training section's TRAINING fields (the evaluation section never retrains) and `dtype` as resolved on the
     device training runs on (core/hardware.training_precision: a run key on the real one; an asset's code version,
     built without torch, on the CPU)."""
     section = values(training, TRAINING)

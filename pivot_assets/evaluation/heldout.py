@@ -8,7 +8,7 @@
   from profiling's, the same per turn for every policy, the reference included (a turn chosen because the
   reference scored low on it regresses toward its mean on a fresh draw, for the reference too). The ablation's
   seed s has a draw of its own: arm/s, the reference and the base model are all scored with draw s.
-- Local accuracy of a turn = mean verifier reward (the profiling verifier) over eval_k samples; a set's
+- Local accuracy of a turn = mean verifier reward (the profiling verifier) over evaluation.k samples; a set's
   accuracy = the mean over its turns (and draws). OOD accuracy = share of probe items answered right (greedy).
 - 95% intervals: a hierarchical percentile bootstrap, `evaluation.bootstrap` resamples: seeds (draws), then source
   conversations, then turns within a conversation (probe items for OOD). A paired difference (against the
@@ -285,7 +285,7 @@ EVAL_SEEDING = "per_sample"  # local_accuracy's draws: one seed per (turn, sampl
 
 
 def local_key(cfg: "PivotConfig", turns: list[str], verifiers, draw: int = 0) -> str:
-    """What one draw of local accuracy depends on: the turns, eval_k, verifier, sampling, engine, prompts."""
+    """What one draw of local accuracy depends on: the turns, evaluation.k, the verifier, sampling, engine, prompts."""
     from pivot_assets.core.hardware import policy_precision
     from pivot_assets.core.ids import canonical_json, short_hash
 
