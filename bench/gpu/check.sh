@@ -38,9 +38,9 @@ warehouse: $WORK/warehouse
 sample: {n_trajectories: 12, seed: 0}
 sft: {steps: 2}   # built by the full run (a warm-up of policy.model); GRPO starts from the reference (training.init)
 policy: {model: $MODEL, $POLICY, k: $K, max_new_tokens: $TOKENS, limit_turns: $TURNS, dtype: auto}
-training: {init: reference, steps: $STEPS, num_generations: $GENS, max_completion_length: $TOKENS, eval_k: 2,
-           eval_max_turns: $HELD, eval_fraction: 0.3, launcher: accelerate, num_processes: $PROCS, save_steps: 1000,
-           grpo: $GRPO, ood_max_items: 4}
+training: {init: reference, steps: $STEPS, num_generations: $GENS, max_completion_length: $TOKENS,
+           eval_fraction: 0.3, launcher: accelerate, num_processes: $PROCS, save_steps: 1000, grpo: $GRPO}
+evaluation: {k: 2, max_turns: $HELD, ood_max_items: 4}
 # A graded string verifier gives every turn a continuous reward, so any policy yields pivots: the check is of the
 # path (engines, devices, launch), not of the model.
 verifier: {default: {name: string_similarity, graded: true, facts: ignore}}

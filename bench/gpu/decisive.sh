@@ -31,8 +31,8 @@ policy: {backend: transformers, model: sft, k: 2, max_new_tokens: 12, dtype: aut
 verifier: {default: {name: string_similarity, graded: true, facts: ignore}}
 pivots: {lambda_diff: 0.95, max_per_trajectory: 1}
 training: {set: adv, init: sft, num_generations: 2, max_completion_length: 8, eval_fraction: 0.4,
-           warmup_fraction: 0.3, eval_k: 2, eval_max_turns: 6, bootstrap: 200, save_steps: 1,
-           grpo: {gradient_checkpointing: false}}
+           warmup_fraction: 0.3, save_steps: 1, grpo: {gradient_checkpointing: false}}
+evaluation: {k: 2, max_turns: 6, bootstrap: 200}
 ablation: {arms: [grpo_adv, grpo_cand], seeds: [0], epochs: 1, primary: profiled}
 runtime: {workers: 1}
 decisive: {learning_rate: sweep, half_width: 0.5,
