@@ -87,7 +87,8 @@ class VLLMRollout:
         from pivot_assets.policies.vllm_backend import VLLMBackend
 
         self.backend = VLLMBackend(model=model_dir, dtype=engine.dtype, device=engine.device, threads=engine.threads,
-                                   fmt=fmt or PromptFormat(), engine_args=engine.engine_args)
+                                   fmt=fmt or PromptFormat(), engine_args=engine.engine_args,
+                                   in_process=False)  # beside the trainer: its own processes
         self.engine = engine
         self.sync_dir = Path(tempfile.mkdtemp(prefix="pivot-grpo-weights-", dir=sync_root()))
         self.loaded_step = 0  # the engine holds model_dir's weights: the trainer's at step 0

