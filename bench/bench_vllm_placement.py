@@ -35,9 +35,9 @@ def main():
                           engine_args={"enforce_eager": True, "kv_cache_memory_bytes": 1 << 30, "max_model_len": 4096})
     start_s = time.perf_counter() - t0
     tok = backend.tokenizer
-    ids = [tok.apply_chat_template([{"role": "user", "content": f"Call get_weather for city number {i}."}],
-                                   add_generation_prompt=True, tokenize=True) for i in range(prompts)]
-    requests = [{"prompt_token_ids": list(p)} for p in ids for _ in range(k)]
+    texts = [tok.apply_chat_template([{"role": "user", "content": f"Call get_weather for city number {i}."}],
+                                     add_generation_prompt=True, tokenize=False) for i in range(prompts)]
+    requests = [{"prompt_token_ids": tok(t, add_special_tokens=False)["input_ids"]} for t in texts for _ in range(k)]
     params = [SamplingParams(temperature=1.0, max_tokens=new_tokens, seed=i, ignore_eos=True, detokenize=False)
               for i in range(len(requests))]
     draws, seconds = [], []

@@ -4,8 +4,8 @@ with automatic prefix caching and n=K per prompt.
 Where the engine runs: on a GPU, vLLM's default (its engine core and worker in spawned children). On the CPU, in
 this process unless the caller needs it apart (`in_process=False`: GRPO's rollout engine, beside the trainer's
 threads and process group): vLLM's CPU build spawns two children otherwise, each importing vLLM again; in
-process its start took 5 s instead of 31 s and 64 samples of 80 tokens 22.5 s instead of 26.8 s (135M model,
-2-core Xeon). An in-process engine sets up a one-rank torch.distributed group and disables torch.set_num_threads;
+process its start took 4.9 s instead of 25.8 s and 64 samples of 80 tokens 22.7 s instead of 27.1 s, the same
+completions (135M model, 2-core Xeon: bench/RESULTS_vllm_placement.md). An in-process engine sets up a one-rank torch.distributed group and disables torch.set_num_threads;
 the backend restores the latter at once and tears the group down on close(), so later stages of the same process
 train as before. VLLM_ENABLE_V1_MULTIPROCESSING set by the user wins.
 
