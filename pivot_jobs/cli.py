@@ -65,7 +65,10 @@ def cmd_run(args) -> int:
 
         return run_sharded(cfg, defs, instance, plan, args.config, forced=args.stale)
     print(f"materializing {len(keys)} assets: {', '.join(k.to_user_string() for k in keys)}", file=sys.stderr)
-    report = run_assets(defs, keys, instance, run_id=os.environ.get(supervisor.RUN_ID))
+    from pivot_assets.curation.tables import holds_contract_results
+
+    report = run_assets(defs, keys, instance, run_id=os.environ.get(supervisor.RUN_ID),
+                        prewarm_contracts=not holds_contract_results(shared.warehouse))
     if not print_report(report):
         return 1
     print(f"warehouse: {cfg.warehouse_dir} (duckdb {cfg.warehouse_dir / 'pivot.duckdb'})")

@@ -173,16 +173,20 @@ def runs_recorded_with(instance: dg.DagsterInstance, origin):
 
 
 def run_assets(defs: dg.Definitions, keys: list[dg.AssetKey], instance: dg.DagsterInstance,
-               run_id: str | None = None, partition_key: str | None = None) -> RunReport:
-    """One run of `keys` (of one shard's partition when partition_key is given)."""
+               run_id: str | None = None, partition_key: str | None = None,
+               prewarm_contracts: bool = True) -> RunReport:
+    """One run of `keys` (of one shard's partition when partition_key is given). prewarm_contracts: import Great
+    Expectations in the background while the first steps run (False where the checks will likely read kept
+    results: GE's import and context cost seconds of CPU)."""
     job = job_for(defs, keys, partitioned=partition_key is not None)
-    # Great Expectations imports in the background while the first steps run; sqlalchemy.orm, which it and
-    # Dagster's instance queries both import lazily, is imported here first so the two threads never race on it.
+    # sqlalchemy.orm, which GE and Dagster's instance queries both import lazily, is imported here first so the
+    # two threads never race on it.
     import sqlalchemy.orm  # noqa: F401
 
     from pivot_assets.curation.contracts import prewarm
 
-    prewarm()
+    if prewarm_contracts:
+        prewarm()
     create_pools(instance, job.graph.pools)
     # Dagster's console logger defaults to DEBUG (every engine event); stage progress lines are INFO.
     level = os.environ.get("PIVOT_LOG_LEVEL", "INFO").upper()

@@ -20,6 +20,7 @@ Great Expectations is imported lazily (it costs seconds); one ephemeral context 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import os
@@ -43,8 +44,8 @@ from pivot_assets.core.config import LAMBDA_DIFF
 from pivot_assets.core.shapes import ROLES
 from pivot_assets.core.warehouse import connect_for
 
-__all__ = ["BLOCKING_TABLES", "CONTRACT_TABLES", "ContractResult", "check_parquet", "load_suite_spec", "prewarm",
-           "run_contract"]
+__all__ = ["BLOCKING_TABLES", "CONTRACT_TABLES", "ContractResult", "check_parquet", "contract_key", "load_suite_spec",
+           "prewarm", "run_contract"]
 
 DEFAULT_PARAMS = {"lambda_diff": LAMBDA_DIFF, "policy_k": None}  # policy_k None: k has no upper bound
 SAMPLE_ROWS = 5  # failing rows shown per failed expectation
@@ -94,6 +95,28 @@ def failure_line(f: dict) -> str:
 def load_suite_spec(table: str) -> dict:
     """The suite file of a table as a dict {name, expectations: [{type, kwargs, meta}]}."""
     return json.loads((CONTRACTS_DIR / f"{table}.json").read_text(encoding="utf-8"))
+
+
+def contract_key(table: str, data_versions: dict[str, str], params: dict | None = None) -> str:
+    """What a check's result depends on, as one hash: the data versions of the table and its related tables, the
+    table's suite file, the params, this module's code and Great Expectations' version. Equal keys, equal results."""
+    import importlib.metadata
+
+    h = hashlib.sha256()
+    for piece in (table, json.dumps(data_versions, sort_keys=True),
+                  json.dumps({**DEFAULT_PARAMS, **(params or {})}, sort_keys=True, default=str),
+                  (CONTRACTS_DIR / f"{table}.json").read_text(encoding="utf-8"), _CODE_DIGEST,
+                  importlib.metadata.version("great_expectations")):
+        h.update(piece.encode() + b"\0")
+    return h.hexdigest()[:20]
+
+
+def _code_digest() -> str:
+    with open(__file__, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+_CODE_DIGEST = _code_digest()  # this module decides every verdict: an edit of it invalidates kept results
 
 
 # ---------------------------------------------------------------------------------------------- entry points
@@ -571,12 +594,12 @@ def _suite_and_batch_definition(table: str):
 
     context, source = _context()
     spec = load_suite_spec(table)
-    suite = gx.ExpectationSuite(name=spec["name"])
-    for e in spec["expectations"]:
-        # add_expectation, not add_expectation_configuration: the latter upserts by domain and would
-        # merge e.g. every expect_column_to_exist of the suite into one.
-        config = ExpectationConfiguration(type=e["type"], kwargs=e["kwargs"], meta=e.get("meta", {}))
-        suite.add_expectation(config.to_domain_obj())
+    # every expectation given at construction, not one add_expectation each: add_expectation compares the new one
+    # with each already added (quadratic, about half of a suite's build); add_expectation_configuration would
+    # upsert by domain and merge e.g. every expect_column_to_exist into one. A suite file lists no duplicates.
+    suite = gx.ExpectationSuite(name=spec["name"], expectations=[
+        ExpectationConfiguration(type=e["type"], kwargs=e["kwargs"], meta=e.get("meta", {})).to_domain_obj()
+        for e in spec["expectations"]])
     suite = context.suites.add(suite)
     batch_definition = source.add_dataframe_asset(name=table).add_batch_definition_whole_dataframe("whole")
     return suite, batch_definition

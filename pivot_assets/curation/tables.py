@@ -3,6 +3,8 @@ every pivot set and the selection log, a table's data contract where the table i
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 from pivot_assets.core.catalog import PIVOT_TABLES, SELECTION_LOG, SET_TABLES
@@ -26,16 +28,37 @@ def contract_params(cfg: PivotConfig) -> dict:
     return {"lambda_diff": cfg.pivots.lambda_diff, "policy_k": cfg.policy.k}
 
 
+CONTRACT_RESULTS_DIR = ".contract_results"  # in the warehouse's local root: one JSON per (table, contract key)
+
+
 def check_table(wh: Warehouse, table: str, params: dict):
     """Run one table's data contract where the table is: DuckDB over its Parquet files (exact, bounded memory),
-    the Great Expectations suite on a bounded sample (contracts.py)."""
-    from pivot_assets.curation.contracts import RELATED_TABLES, check_parquet
+    the Great Expectations suite on a bounded sample (contracts.py). A result is kept under its contract key (the
+    data versions of the table and its related tables, the suite, the params, the checking code and GE's version):
+    a rerun over unchanged tables reads it instead of validating again (seconds per table, mostly GE's)."""
+    from pivot_assets.curation.contracts import RELATED_TABLES, ContractResult, check_parquet, contract_key
 
     names = (table, *RELATED_TABLES.get(table, ()))
     for name in names:
         if not wh.exists(name):
             raise ValueError(f"table {name!r} is not materialized in {wh.root}")
-    return check_parquet(table, {name: wh.source_glob(name) for name in names}, params=params)
+    key = contract_key(table, {name: wh.data_version(name) for name in names}, params)
+    kept = wh.root / CONTRACT_RESULTS_DIR / f"{table}-{key}.json"
+    if kept.is_file():
+        try:
+            return ContractResult(**json.loads(kept.read_text(encoding="utf-8")))
+        except (ValueError, TypeError):  # unreadable (a torn write elsewhere): validate again
+            pass
+    result = check_parquet(table, {name: wh.source_glob(name) for name in names}, params=params)
+    with wh.atomic_path(kept) as tmp:
+        tmp.write_text(json.dumps(dataclasses.asdict(result), default=str), encoding="utf-8")
+    return result
+
+
+def holds_contract_results(wh: Warehouse) -> bool:
+    """Whether contract results are kept in this warehouse (a rerun's checks likely read them)."""
+    kept = wh.root / CONTRACT_RESULTS_DIR
+    return kept.is_dir() and any(kept.glob("*.json"))
 
 
 def check_tables(wh: Warehouse, params: dict, table: str | None = None):

@@ -92,8 +92,12 @@ def failed(result) -> dict[str, dict]:
 
 
 def test_every_table_has_a_suite_file():
+    """... with expectations, none listed twice (the GE suite is built from the list as it is: contracts.py)."""
     for table in CONTRACT_TABLES:
-        assert load_suite_spec(table)["expectations"], table
+        expectations = load_suite_spec(table)["expectations"]
+        assert expectations, table
+        signatures = [json.dumps([e["type"], e["kwargs"]], sort_keys=True) for e in expectations]
+        assert len(set(signatures)) == len(signatures), table
 
 
 def test_clean_tables_pass(world):
@@ -286,3 +290,42 @@ def test_prewarm_builds_one_context_in_the_background(world, monkeypatch):
     assert contracts._context() is builds[0][1]  # the check's context is the one prewarm built
     assert check(world, "quarantine").success
     assert len(builds) == 1  # the check built nothing more
+
+
+def test_a_kept_result_answers_a_recheck_of_unchanged_tables_only(world, tmp_path, monkeypatch):
+    """check_table keeps each result under its contract key: the same tables, suite and params are answered from it
+    (no validation runs); a changed related table, other params or an edited suite validate again."""
+    from pivot_assets.core.warehouse import Warehouse
+    from pivot_assets.curation import contracts, tables
+
+    wh = Warehouse(tmp_path / "wh")
+    for name in ("turn_profiles", "rollout_rewards"):
+        wh.write_table(name, world[name].to_arrow())
+    runs: list[str] = []
+    real = contracts.check_parquet
+
+    def counted(table, sources, params=None, **kw):
+        runs.append(table)
+        return real(table, sources, params=params, **kw)
+
+    monkeypatch.setattr(contracts, "check_parquet", counted)
+    first = tables.check_table(wh, "turn_profiles", {"lambda_diff": 0.6})
+    again = tables.check_table(wh, "turn_profiles", {"lambda_diff": 0.6})
+    assert first.success and again == first and runs == ["turn_profiles"]  # the second answered from the kept one
+    tables.check_table(wh, "turn_profiles", {"lambda_diff": 0.5})  # other params
+    assert len(runs) == 2
+    changed = world["rollout_rewards"].filter(~((pl.col("sample_index") == 3) &
+                                                (pl.col("turn_id") == world["turns"]["turn_id"][0])))
+    wh.write_table("rollout_rewards", changed.to_arrow())  # the related table changed: a turn lost a sample
+    failing = tables.check_table(wh, "turn_profiles", {"lambda_diff": 0.6})
+    assert len(runs) == 3 and not failing.success
+    assert tables.check_table(wh, "turn_profiles", {"lambda_diff": 0.6}) == failing and len(runs) == 3
+    suite = contracts.CONTRACTS_DIR / "turn_profiles.json"
+    edited = tmp_path / "contracts"
+    edited.mkdir()
+    for path in contracts.CONTRACTS_DIR.glob("*.json"):
+        (edited / path.name).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    (edited / suite.name).write_text(suite.read_text(encoding="utf-8").replace("\n", "\n ", 1), encoding="utf-8")
+    monkeypatch.setattr(contracts, "CONTRACTS_DIR", edited)  # the suite file edited (whitespace is an edit too)
+    tables.check_table(wh, "turn_profiles", {"lambda_diff": 0.6})
+    assert len(runs) == 4
