@@ -297,6 +297,8 @@ class Warehouse:
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
+        self._views_done: dict[str, str] = {}  # refresh_views: the statements run on pivot.duckdb as last seen
+        self._views_stamp: tuple | None = None
         marker = self.root / LOCATION_FILE
         self.location = marker.read_text(encoding="utf-8").strip() if marker.is_file() else None
         self._base: TablePath = self.root
@@ -552,31 +554,53 @@ class Warehouse:
         """(Re)create one view per table, then the named sql/ views and macros that bind.
 
         Returns {view: "ok" | reason} for the sql/ files, so callers can report views that cannot
-        exist yet (e.g. pivot statistics before profiling ran).
+        exist yet (e.g. pivot statistics before profiling ran). Within one process, a statement this object
+        already ran on an untouched pivot.duckdb (same file, size and mtime as after that refresh) is not run
+        again: a run's publishes recreate only the views of new tables and the sql/ views that did not bind yet.
         """
         status: dict[str, str] = {}
+        untouched = self._views_stamp is not None and self._views_stamp == self._duckdb_stamp()
+        done = self._views_done if untouched else {}
         with self.connect() as con:
-            for name in self.tables():
-                # hive_partitioning off: a view's columns are the table's, with no `shard` column inferred
-                # from the shard=NNN folders (DuckDB adds one when every part sits in such a folder)
-                con.execute(
-                    f"create or replace view {name} as "
-                    f"select * from read_parquet('{self.source_glob(name)}', union_by_name = true, hive_partitioning = false)"
-                )
-            if SKIPPED_TURNS not in self.tables():  # none skipped (a warehouse profiled before the prompt guard)
-                columns = ", ".join(f"null::{_DUCK_TYPES[str(f.type)]} as {f.name}" for f in SKIPPED_TURNS_SCHEMA)
-                con.execute(f"create or replace view {SKIPPED_TURNS} as select {columns} where false")
-            for path in sorted(SQL_DIR.glob("*.sql")):
-                text = path.read_text(encoding="utf-8")
+            for name, statement, named in self._view_statements():
+                if done.get(name) == statement:
+                    status.update({name: "ok"} if named else {})
+                    continue
                 try:
-                    if path.stem.endswith("macros"):
-                        con.execute(text)
-                    else:
-                        con.execute(f"create or replace view {path.stem} as {_strip_sql(text)}")
-                    status[path.stem] = "ok"
+                    con.execute(statement)
                 except duckdb.Error as e:
-                    status[path.stem] = str(e).splitlines()[0]
+                    if not named:
+                        raise
+                    status[name] = str(e).splitlines()[0]
+                    done.pop(name, None)
+                    continue
+                done[name] = statement
+                status.update({name: "ok"} if named else {})
+        self._views_done, self._views_stamp = done, self._duckdb_stamp()
         return status
+
+    def _view_statements(self) -> list[tuple[str, str, bool]]:
+        """(name, statement, from sql/) in the order they run: the tables' views, then sql/'s macros and views."""
+        tables = self.tables()
+        # hive_partitioning off: a view's columns are the table's, with no `shard` column inferred from the
+        # shard=NNN folders (DuckDB adds one when every part sits in such a folder)
+        out = [(name, f"create or replace view {name} as select * from read_parquet('{self.source_glob(name)}', "
+                      "union_by_name = true, hive_partitioning = false)", False) for name in tables]
+        if SKIPPED_TURNS not in tables:  # none skipped (a warehouse profiled before the prompt guard)
+            columns = ", ".join(f"null::{_DUCK_TYPES[str(f.type)]} as {f.name}" for f in SKIPPED_TURNS_SCHEMA)
+            out.append((SKIPPED_TURNS, f"create or replace view {SKIPPED_TURNS} as select {columns} where false", False))
+        for path in sorted(SQL_DIR.glob("*.sql")):
+            text = path.read_text(encoding="utf-8")
+            body = text if path.stem.endswith("macros") else f"create or replace view {path.stem} as {_strip_sql(text)}"
+            out.append((path.stem, body, True))
+        return out
+
+    def _duckdb_stamp(self) -> tuple | None:
+        try:
+            st = self.duckdb_path.stat()
+        except OSError:
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 _DUCK_TYPES = {"string": "varchar", "int64": "bigint"}

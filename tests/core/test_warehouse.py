@@ -24,6 +24,26 @@ def test_write_table_is_atomic_and_viewable(tmp_path):
     assert not list(tmp_path.glob(".tmp-*"))
 
 
+def test_a_refresh_runs_only_what_changed_and_repairs_what_another_process_did(tmp_path):
+    """Within one process, a second refresh over the same tables writes nothing to pivot.duckdb; a new table gets
+    its view (and the sql/ views that now bind); a view dropped by another process is made again."""
+    wh = Warehouse(tmp_path)
+    wh.write_table("turns", pa.table({"turn_id": ["a"], "domain": ["d"], "action_kind": ["message"]}))
+    first = wh.refresh_views()
+    stamp = wh._duckdb_stamp()
+    assert wh.refresh_views() == first and wh._duckdb_stamp() == stamp  # nothing ran: the file is untouched
+    assert first["turns_per_trajectory"] != "ok"  # it reads trajectories, not there yet
+    wh.write_table("trajectories", pa.table({"trajectory_id": ["A"], "domain": ["d"], "source": ["s"]}))
+    second = wh.refresh_views()
+    with duckdb.connect(str(wh.duckdb_path)) as con:
+        assert con.sql("select count(*) from trajectories").fetchone()[0] == 1
+        con.execute("drop view turns")  # another process (or a user) changes the file
+    third = wh.refresh_views()
+    with duckdb.connect(str(wh.duckdb_path), read_only=True) as con:
+        assert con.sql("select count(*) from turns").fetchone()[0] == 1
+    assert third == second
+
+
 def test_failed_write_keeps_the_last_good_table(tmp_path):
     wh = Warehouse(tmp_path)
     wh.write_table("t", pa.table({"x": [1, 2, 3]}))

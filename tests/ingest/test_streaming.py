@@ -231,3 +231,12 @@ def test_records_never_go_missing_in_a_unit(tmp_path):
     records = sorted(result.trajectories.column("record").to_pylist() + result.quarantine.column("record").to_pylist())
     assert records == list(range(len(ODD_RECORDS)))
     assert formats.MAX_RECORD_BYTES == chat_sql.MAX_RECORD_BYTES
+
+
+def test_the_listed_whitespace_is_every_code_point_python_strips():
+    """chat_sql's regex class of str.isspace() characters is a list: it must be exactly what a scan finds."""
+    import sys
+
+    from pivot_assets.ingest.chat_sql import ISSPACE_CODE_POINTS
+
+    assert list(ISSPACE_CODE_POINTS) == [c for c in range(sys.maxunicode + 1) if chr(c).isspace()]
