@@ -69,7 +69,7 @@ def cmd_run(args) -> int:
 
     report = run_assets(defs, keys, instance, run_id=os.environ.get(supervisor.RUN_ID),
                         prewarm_contracts=not holds_contract_results(shared.warehouse))
-    if not print_report(report):
+    if not print_report(report, stopped=supervisor.stop_requested()):
         return 1
     print(f"warehouse: {cfg.warehouse_dir} (duckdb {cfg.warehouse_dir / 'pivot.duckdb'})")
     return 0

@@ -72,9 +72,10 @@ class RunReport:
     error: str | None = None
 
 
-def print_report(report, label: str = "run") -> bool:
-    """The run's outcome as the lines `pivot run` prints; True when it succeeded."""
-    if not report.success and "Interrupted" in (report.error or ""):
+def print_report(report, label: str = "run", stopped: bool = False) -> bool:
+    """The run's outcome as the lines `pivot run` prints; True when it succeeded. stopped: this process took a
+    stop signal (supervisor.stop_requested), so a failure is the stop's doing, whatever the step raised."""
+    if not report.success and ("Interrupted" in (report.error or "") or stopped):
         raise KeyboardInterrupt  # stopped by a signal: one line from the supervisor (or main), not a run report
     print(f"{label} {report.run_id}: materialized {', '.join(report.materialized) or 'nothing'}")
     for check in report.failed_checks:

@@ -22,7 +22,7 @@ from pivot_jobs.runner import (
     run_assets,
     stale_targets,
 )
-from pivot_jobs.supervisor import CHILD, PARENT_PID, RUN_ID, SUPERVISED, stop_children
+from pivot_jobs.supervisor import CHILD, PARENT_PID, RUN_ID, SUPERVISED, stop_children, stop_requested
 
 RAY_HEAD_CHECKED = "PIVOT_RAY_HEAD_CHECKED"  # set by `pivot run` for its shard runs: the Ray head passed the preflight
 
@@ -42,7 +42,7 @@ def run_one_shard(cfg, defs, instance, shard: str, select: str | None) -> int:
         check_ray_head(cfg)
     print(f"shard {key}: materializing {', '.join(k.to_user_string() for k in keys)}", file=sys.stderr)
     report = run_assets(defs, keys, instance, run_id=os.environ.get(RUN_ID), partition_key=key)
-    return 0 if print_report(report, f"shard {key} run") else 1
+    return 0 if print_report(report, f"shard {key} run", stopped=stop_requested()) else 1
 
 
 def run_sharded(cfg, defs, instance, plan, config_path: str | None, forced: bool) -> int:
@@ -51,7 +51,7 @@ def run_sharded(cfg, defs, instance, plan, config_path: str | None, forced: bool
     from pivot_assets.core.warehouse import Warehouse
 
     print(f"materializing {plan.describe()}", file=sys.stderr)
-    if plan.before and not print_report(run_assets(defs, plan.before, instance)):
+    if plan.before and not print_report(run_assets(defs, plan.before, instance), stopped=stop_requested()):
         return 1
     shards = plan.shards if forced else shards_needing_a_run(defs, instance, plan.shards)
     fresh = sorted(set(plan.shards) - set(shards))
@@ -65,7 +65,7 @@ def run_sharded(cfg, defs, instance, plan, config_path: str | None, forced: bool
               "(`pivot run --stale` reruns what is left)", file=sys.stderr)
         return 1
     if plan.after:
-        if not print_report(run_assets(defs, plan.after, instance)):
+        if not print_report(run_assets(defs, plan.after, instance), stopped=stop_requested()):
             return 1
     else:  # no unpartitioned step ran after the shards: refresh the views over their parts here, once
         Warehouse(cfg.warehouse_dir).refresh_views()

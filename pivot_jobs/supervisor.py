@@ -32,13 +32,23 @@ def is_supervised() -> bool:
     return os.environ.get(SUPERVISED) == "1"
 
 
+_STOPS: list[str] = []  # the stop signals this process took (raise_interrupt)
+
+
 def raise_interrupt(signum, frame):
     # The stop may land inside SQLAlchemy's pool closing a connection, which logs the interrupt with its traceback
     # before re-raising it: once stopping, the pool's own error lines are noise (one "interrupted" line says it).
     import logging
 
     logging.getLogger("sqlalchemy.pool").setLevel(logging.CRITICAL)
+    _STOPS.append(signal.Signals(signum).name)
     raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def stop_requested() -> bool:
+    """Whether this process took a stop signal: a step that failed after it failed because of it (a DuckDB query
+    the signal landed in raises its own "Query interrupted", not Dagster's interrupt)."""
+    return bool(_STOPS)
 
 
 def become_worker() -> None:

@@ -158,3 +158,18 @@ def test_an_interrupt_dropped_inside_a_gc_callback_is_delivered_again(mode):
         assert proc.returncode == 7 and "Traceback" not in proc.stderr, (proc.returncode, proc.stderr)
     else:  # the failure it fixes: Python drops the interrupt with a traceback, and the work goes on to its end
         assert proc.returncode == 0 and "Exception ignored" in proc.stderr, (proc.returncode, proc.stderr)
+
+
+def test_a_step_failing_after_a_stop_signal_is_the_stop_not_a_run_failure(capsys):
+    """A stop can land inside a DuckDB query, which raises its own "Query interrupted" rather than Dagster's
+    interrupt: once the process took a stop signal, a failed run is reported as the stop (one line from the
+    supervisor), never as "run failed"; without one, the same report is a failure with its error."""
+    from pivot_jobs.runner import RunReport, print_report
+
+    report = RunReport(success=False, run_id="r", materialized=[], failed_checks=[], skipped=[],
+                       error="rollouts: RuntimeError: Query interrupted")
+    with pytest.raises(KeyboardInterrupt):
+        print_report(report, stopped=True)
+    assert capsys.readouterr().err == ""
+    assert print_report(report, stopped=False) is False
+    assert "error: run failed: rollouts: RuntimeError: Query interrupted" in capsys.readouterr().err
