@@ -72,10 +72,15 @@ class RunReport:
     error: str | None = None
 
 
+# how a stop signal shows in a failed step's error: Dagster's interrupt, or DuckDB's when the signal landed inside a
+# query (during a step Dagster's own SIGTERM handler runs, so the process's stop record may not see the signal)
+INTERRUPTED_MARKS = ("Interrupted", "Query interrupted")
+
+
 def print_report(report, label: str = "run", stopped: bool = False) -> bool:
     """The run's outcome as the lines `pivot run` prints; True when it succeeded. stopped: this process took a
     stop signal (supervisor.stop_requested), so a failure is the stop's doing, whatever the step raised."""
-    if not report.success and ("Interrupted" in (report.error or "") or stopped):
+    if not report.success and (stopped or any(mark in (report.error or "") for mark in INTERRUPTED_MARKS)):
         raise KeyboardInterrupt  # stopped by a signal: one line from the supervisor (or main), not a run report
     print(f"{label} {report.run_id}: materialized {', '.join(report.materialized) or 'nothing'}")
     for check in report.failed_checks:
