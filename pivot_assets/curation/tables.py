@@ -28,7 +28,7 @@ def contract_params(cfg: PivotConfig) -> dict:
     return {"lambda_diff": cfg.pivots.lambda_diff, "policy_k": cfg.policy.k}
 
 
-CONTRACT_RESULTS_DIR = ".contract_results"  # in the warehouse's local root: one JSON per (table, contract key)
+CONTRACT_RESULTS_DIR = ".contract_results"  # in the warehouse's local root: the latest result per table
 
 
 def check_table(wh: Warehouse, table: str, params: dict):
@@ -52,6 +52,9 @@ def check_table(wh: Warehouse, table: str, params: dict):
     result = check_parquet(table, {name: wh.source_glob(name) for name in names}, params=params)
     with wh.atomic_path(kept) as tmp:
         tmp.write_text(json.dumps(dataclasses.asdict(result), default=str), encoding="utf-8")
+    for older in kept.parent.glob(f"{table}-*.json"):  # one kept result per table: the folder does not grow
+        if older != kept:
+            older.unlink(missing_ok=True)
     return result
 
 

@@ -329,3 +329,4 @@ def test_a_kept_result_answers_a_recheck_of_unchanged_tables_only(world, tmp_pat
     monkeypatch.setattr(contracts, "CONTRACTS_DIR", edited)  # the suite file edited (whitespace is an edit too)
     tables.check_table(wh, "turn_profiles", {"lambda_diff": 0.6})
     assert len(runs) == 4
+    assert len(list((wh.root / tables.CONTRACT_RESULTS_DIR).glob("turn_profiles-*.json"))) == 1  # the latest only
