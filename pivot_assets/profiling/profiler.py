@@ -704,7 +704,51 @@ class Profiler:
 
     def _generate_adaptive(self, backend: "_Lazy", log) -> dict:
         progress = Progress(total=len(self.turns) * self.sampling.k, log=log)  # at most: every turn sampled to k
+        if self.adaptive.scheduler == "stream":
+            return self.adaptive_stream(backend, progress, log)
         return self.adaptive_rounds(lambda rows: self.generate_rows(backend(), rows, progress), log)
+
+    def adaptive_stream(self, backend: "_Lazy", progress: Progress, log) -> dict:
+        """adaptive.run_stream on this process's engine (one that streams single requests: vLLM): wave_samples
+        requests in flight, each turn's complete chunks written, scored and decided as they come in. The expert
+        actions' likelihoods (the prior's feature) are scored first: the engine runs one kind of call at a time."""
+        if not self.engine.streams_requests:
+            raise ValueError(f"profiling.adaptive.scheduler stream: policy.backend {self.policy.backend} cannot add "
+                             "and cancel single requests; use scheduler: waves")
+        if self.verifiers is None:
+            raise ValueError("adaptive profiling scores as it samples: the Profiler needs the verifiers")
+        order = turn_order(self.wh, self.turns)
+        engine = backend()
+        self.score_expert_actions(engine, order)
+        requests = {q.turn_id: q for q in generation_requests(self.wh, order)}
+        stream = engine.stream(requests, self.sampling, lambda i: sample_seed(self.sampling.seed, i))
+        generated: set[str] = set()
+
+        def write(samples: list) -> dict:
+            generated.update(s.turn_id for s in samples)
+            out = self.write_samples(samples, requests)
+            progress.update(out["rows"])
+            return out
+
+        stats = adaptive_rule.run_stream(order, self.counts, stream, write,
+                                         lambda turns: self.score(log=None, turn_ids=turns), self.adaptive,
+                                         self.sampling.k, self.lambda_diff, self.adaptive.wave_samples, log)
+        stats.update(stream.close())
+        stats["turns_generated"] = len(generated)
+        stats["cache_hits_turns"] = len(self.turns) - len(generated)
+        return stats
+
+    def score_expert_actions(self, backend, order: list[str]) -> None:
+        """The expert action's likelihood of every turn without one stored (a backend that teacher-forces), in
+        parts of policy.batch_size turns."""
+        if not self.engine.scores_continuation:
+            return
+        missing = [t for t in order if t not in done_likelihoods(self.wh, self.policy_fp, self.sampling_fp, self.shard)]
+        for start in range(0, len(missing), self.policy.batch_size):
+            turns = missing[start:start + self.policy.batch_size]
+            likelihoods = backend.score_experts(generation_requests(self.wh, turns, experts=turns), self.sampling)
+            key = part_key(self.policy_fp, self.sampling_fp, rows=(f"expert:{t}" for t in turns))
+            write_likelihoods(self.wh, likelihoods, self.policy_fp, self.sampling_fp, self.shard, key)
 
     def adaptive_rounds(self, generate_rows: Callable[[list[dict]], dict], log) -> dict:
         """adaptive.run_rounds or run_waves (profiling.adaptive.scheduler): the samples each open turn lacks up to
@@ -724,6 +768,8 @@ class Profiler:
 
         if self.verifiers is None:
             raise ValueError("adaptive profiling scores between rounds: the Profiler needs the verifiers")
+        if self.adaptive.scheduler == "stream":  # config validation keeps it off Ray; this is the other caller
+            raise ValueError("profiling.adaptive.scheduler stream needs the engine in this process (adaptive_stream)")
         run = adaptive_rule.run_waves if self.adaptive.scheduler == "waves" else adaptive_rule.run_rounds
         stats = run(order, self.counts, generate, score, self.adaptive, self.sampling.k, self.lambda_diff, log)
         stats["turns_generated"] = len(generated)
@@ -809,6 +855,11 @@ class Profiler:
         samples, likelihoods = (self._samples_per_row(backend, rows, requests)
                                 if self.engine.per_row_seeds
                                 else self._samples_per_index(backend, rows, requests))
+        return {**self.write_samples(samples, requests, likelihoods), "seconds": time.perf_counter() - t0}
+
+    def write_samples(self, samples: list, requests: dict, likelihoods: list = ()) -> dict:
+        """The samples as ONE rollouts part named by its rows (a retried batch overwrites its own part), and the
+        likelihoods that came with them in an expert_likelihoods part of the same name."""
         part = pa.Table.from_pylist([
             {"turn_id": s.turn_id, "trajectory_id": requests[s.turn_id].trajectory_id, "policy_fp": self.policy_fp,
              "sampling_fp": self.sampling_fp, "sample_index": s.sample_index, "completion": s.completion,
@@ -817,8 +868,7 @@ class Profiler:
         key = part_key(self.policy_fp, self.sampling_fp, rows=(f"{s.turn_id}:{s.sample_index}" for s in samples))
         write_likelihoods(self.wh, likelihoods, self.policy_fp, self.sampling_fp, self.shard, key)
         self.wh.append_part("rollouts", part, shard=self.shard, key=key)
-        return {"rows": len(samples), "tokens": sum(s.n_completion_tokens for s in samples),
-                "seconds": time.perf_counter() - t0}
+        return {"rows": len(samples), "tokens": sum(s.n_completion_tokens for s in samples)}
 
     def _samples_per_index(self, backend, rows: list[dict], requests: dict) -> tuple[list, list]:
         """One backend call per sample index i (K=1 under sample_seed(seed, i)), the turns of that index batched;

@@ -139,6 +139,31 @@ def test_per_row_seeds_draw_what_one_call_per_sample_draws(engine):
     assert len({one_by_one[("a2", i)] for i in seeds}) > 1  # the seeds really draw different samples
 
 
+def test_a_request_stream_draws_what_generate_draws_and_cancels_what_it_is_told(engine):
+    """Adaptive profiling's stream: single requests added to the running engine, stepped, some cancelled: each sample
+    is the draw generate(rows=...) gives under the same seed, a cancelled request never comes back, and nothing is
+    left in the engine."""
+    requests = {r.turn_id: r for r in _requests()}
+    seed_of = lambda i: 1000 + 7 * i  # noqa: E731
+    rows = {t: [(i, seed_of(i)) for i in range(4)] for t in requests}
+    together = _by_key(s for b in engine.generate(list(requests.values()), SAMPLING, rows=rows) for s in b)
+    before = engine.stats["samples"]
+    stream = engine.stream(requests, SAMPLING, seed_of)
+    for i in range(4):
+        for turn in requests:
+            stream.add(turn, i)
+    assert stream.in_flight == 12
+    got = stream.step()  # the first step prefills; the cancelled requests may have started decoding
+    stream.abort([("b1", 2), ("b1", 3)])
+    while stream.in_flight:
+        got += stream.step()
+    stream.close()
+    cancelled = {("b1", 2), ("b1", 3)}
+    assert sorted(_by_key(got)) == sorted(set(together) - cancelled)
+    assert {k: s.completion for k, s in _by_key(got).items()} == {k: together[k].completion for k in _by_key(got)}
+    assert engine.stats["samples"] - before == 10 and not engine.llm.llm_engine.has_unfinished_requests()
+
+
 def _post(base_url: str, body: dict) -> dict:
     req = urllib.request.Request(base_url + "/chat/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})

@@ -188,6 +188,68 @@ def test_posterior_waves_end_settled_under_the_reported_prior_and_keep_the_error
     assert len(early) > 300 and flips / len(early) <= eps, (flips, len(early))
 
 
+def test_the_stream_takes_the_rounds_samples_under_the_exact_rule_with_the_engine_full():
+    """Single requests instead of engine calls: the same samples per turn as the rounds (each turn's written samples
+    a prefix: replay_stream checks every write), the engine kept at its capacity until the turns run out, and the
+    chunks lent ahead of a turn that then settles cancelled, never written."""
+    from pivot_assets.profiling.adaptive import ReplayEngine, counts_table, run_stream
+
+    rng = np.random.default_rng(3)
+    k, lambda_diff = 8, 0.6
+    rewards = draws(rng, 0.5, 0.5, 400, k)
+    rounds = simulate(rewards, AdaptiveSection(enabled=True, rule="exact"), k, lambda_diff)
+    in_flight: list[int] = []
+    options = AdaptiveSection(enabled=True, rule="exact", scheduler="stream", wave_samples=64)
+    assert simulate(rewards, options, k, lambda_diff, calls=in_flight) == rounds
+    assert max(in_flight) == 64 and np.mean(in_flight) > 0.9 * 64
+    first_short = next(i for i, n in enumerate(in_flight) if n < 64)
+    assert first_short > 0.8 * len(in_flight)  # below capacity only in the tail
+
+    written: dict[str, list[int]] = {}
+    engine = ReplayEngine()
+
+    def write(samples):
+        for s in samples:
+            written.setdefault(s.turn_id, []).append(s.sample_index)
+        return {"rows": len(samples)}
+
+    stats = run_stream(sorted(rewards), lambda: counts_table({t: rewards[t][:len(i)] for t, i in written.items()}, 2, {}),
+                       engine, write, lambda turns: {"rollouts_scored": 0}, options, k, lambda_diff, 64)
+    assert stats["rollouts_aborted"] + stats["rollouts_dropped"] > 0 and engine.in_flight == 0
+    assert {t: len(i) for t, i in written.items()} == rounds and stats["rollouts_generated"] == sum(rounds.values())
+    assert all(i == list(range(len(i))) for i in written.values())
+
+
+def test_posterior_stream_ends_settled_under_the_reported_prior_and_keeps_the_error_rate():
+    """As the waves: decisions under a prior refitted as first chunks come in; at the end every turn is settled
+    under the prior fitted on all first rounds, no turn has fewer samples than the rounds give it, and the error
+    rate among early stops stays within epsilon."""
+    rng = np.random.default_rng(2)
+    k, lambda_diff, eps = 8, 0.6, 0.05
+    rewards = draws(rng, 0.25, 0.75, 1500, k)
+    common = dict(enabled=True, rule="posterior", round_size=2, epsilon=eps, prior="pooled")
+    rounds = simulate(rewards, AdaptiveSection(**common), k, lambda_diff)
+    options = AdaptiveSection(**common, scheduler="stream", wave_samples=64)
+    stream = simulate(rewards, options, k, lambda_diff)
+    assert all(stream[t] >= rounds[t] for t in rewards) and sum(stream.values()) < 1.05 * sum(rounds.values())
+    final = counts_table({t: rewards[t][:n] for t, n in stream.items()}, 2, {})
+    assert all(decide(final, options, k, lambda_diff, prior_for(final, options, 2)).settled)
+    early = [t for t, n in stream.items() if n < k]
+    flips = sum(membership(rewards[t][:stream[t]], lambda_diff) != membership(rewards[t], lambda_diff) for t in early)
+    assert len(early) > 150 and flips / len(early) <= eps, (flips, len(early))
+
+
+def test_the_stream_needs_an_engine_that_streams_requests_in_this_process():
+    from pivot_assets.core.config import ConfigError, load_config
+
+    stream = {"adaptive": {"enabled": True, "scheduler": "stream"}}
+    assert load_config(None, overrides={"profiling": stream, "policy": {"backend": "vllm"}}).profiling.adaptive.enabled
+    with pytest.raises(ConfigError, match="policy.backend transformers cannot add and cancel single requests"):
+        load_config(None, overrides={"profiling": stream, "policy": {"backend": "transformers"}})
+    with pytest.raises(ConfigError, match="with scale.engine ray use scheduler: waves"):
+        load_config(None, overrides={"profiling": stream, "policy": {"backend": "vllm"}, "scale": {"engine": "ray"}})
+
+
 def test_decide_reports_why_each_turn_stops():
     options = AdaptiveSection(enabled=True, rule="posterior", round_size=2, epsilon=0.05, sets=["mixed", "adv"])
     counts = counts_table({"done": [1, 0, 1, 0, 1, 1, 0, 1], "easy": [1, 0, 1, 1, 1, 1], "zero": [0, 0],
@@ -227,3 +289,5 @@ def test_the_scheduler_is_in_the_samples_identity_only_when_it_is_waves():
     assert version() == version(wave_samples=8)
     assert version(scheduler="waves") != version()
     assert version(scheduler="waves", wave_samples=8) != version(scheduler="waves")
+    assert version(scheduler="stream") not in (version(), version(scheduler="waves"))
+    assert version(scheduler="stream", wave_samples=8) != version(scheduler="stream")  # requests in flight

@@ -98,3 +98,61 @@ def test_kill_9_mid_rollouts_then_rerun_gives_exactly_turns_x_k(tmp_path, embedd
     assert 0 < meta["prefill_tokens_computed"] < meta["prompt_tokens_total"]
     print(f"\nkill -9 after {written} rows; the rerun: {meta['rollouts_generated']} rows, prefill "
           f"{meta['prefill_tokens_computed']} of {meta['prompt_tokens_submitted']} prompt tokens computed")
+
+
+def test_adaptive_stream_on_vllm_decides_as_samples_come_in_and_a_kill_9_resumes(tmp_path, embedded_model_dir,
+                                                                                 monkeypatch):
+    """profiling.adaptive.scheduler stream through `pivot run` on vLLM, under the exact rule: killed after its
+    first part and rerun, the turns hold the samples the rounds would take (the rounds replayed on the stored
+    rewards), each a prefix 0..n-1, none twice; adaptive off then draws only what the early stops skipped."""
+    import subprocess
+
+    from pivot_assets.core.config import AdaptiveSection
+    from pivot_assets.profiling.adaptive import simulate
+    from tests.crashes import kill_run_after_first_part
+
+    k, turns = 6, 6
+    engine = ", ".join(f"{key}: {str(v).lower() if isinstance(v, bool) else v}" for key, v in VLLM_TEST_ENGINE.items())
+    base = ("warehouse: ./wh\nsample: {n_trajectories: 3, seed: 3}\n"
+            f"policy: {{backend: vllm, model: embedded, dtype: float32, k: {k}, max_new_tokens: 8, limit_turns: {turns},"
+            f" engine_args: {{{engine}}}}}\nruntime: {{threads: 1}}\n"
+            "verifier: {default: {name: tool_name, accept_any_reply: true}}\n")
+    stream = "profiling: {adaptive: {enabled: true, rule: exact, sets: [adv], scheduler: stream, wave_samples: 4}}\n"
+    (tmp_path / "pivot.yaml").write_text(base + stream)
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster_home")}
+    env.pop("PIVOT_CONFIG", None)
+    pivot = str(VENV_BIN / "pivot")
+    run = lambda *select: subprocess.run([pivot, "run", "--select", ",".join(select)], cwd=tmp_path, env=env,  # noqa: E731
+                                         capture_output=True, text=True, timeout=420)
+    assert run("trajectories", "turns").returncode == 0
+    wh = tmp_path / "wh"
+    killed = kill_run_after_first_part([pivot, "run", "--select", "rollouts"], lambda: _rows(wh)[0] > 0,
+                                       cwd=tmp_path, env=env, timeout_s=420)
+    assert killed.mid_run, "the run ended before its first part was seen"
+    assert 0 < _rows(wh)[0] < turns * k
+    rerun = run("rollouts")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    rows, keys = _rows(wh)
+    assert rows == keys  # no key twice
+    got = duckdb.sql(f"select r.turn_id, r.sample_index, w.reward from read_parquet('{wh}/rollouts/part-*.parquet') r "
+                     f"join read_parquet('{wh}/rollout_rewards/*.parquet') w using (turn_id, sample_index) "
+                     "order by 1, 2").fetchall()
+    assert len(got) == rows  # every sample scored as it came in
+    rewards: dict[str, list[float]] = {}
+    for turn, index, reward in got:
+        assert index == len(rewards.setdefault(turn, []))  # a prefix 0..n-1
+        rewards[turn].append(reward)
+    replayed = simulate(rewards, AdaptiveSection(enabled=True, rule="exact", sets=["adv"]), k, 0.6)
+    assert replayed == {t: len(r) for t, r in rewards.items()} and len(rewards) == turns
+    assert any(len(r) < k for r in rewards.values()), "no turn stopped early: the test checks nothing"
+
+    import dagster as dg
+
+    monkeypatch.setenv("DAGSTER_HOME", env["DAGSTER_HOME"])
+    record = dg.DagsterInstance.get().fetch_materializations(dg.AssetKey("rollouts"), limit=1).records[0]
+    meta = {key: v.value for key, v in record.asset_materialization.metadata.items()}
+    assert meta["stream_steps"] > 0 and 0 < meta["in_flight_mean"] <= 4 and meta["decisions"] > 1
+
+    (tmp_path / "pivot.yaml").write_text(base)
+    assert run("rollouts").returncode == 0
+    assert _rows(wh) == (turns * k, turns * k)  # adaptive off: only the samples the early stops skipped
