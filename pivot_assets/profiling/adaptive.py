@@ -422,14 +422,14 @@ class StreamScheduler:
         for turn, n, done in zip(counts.column("turn_id").to_pylist(), counts.column("k").to_pylist(), settled):
             self.have[turn] = n
             self.added[turn] = max(self.added.get(turn, 0), n)
-            if n < self.r or (n < self.k and not done):
+            if 0 < n and (n < self.r or (n < self.k and not done)):  # unsampled turns: admitted as fresh
                 active.append(turn)
         self.active = sorted(active, key=lambda t: self.position.get(t, len(self.order)))
         self._open = set(self.active)
         self.stats["decisions"] += 1
 
     def is_open(self, turn: str) -> bool:
-        return turn in self._open or turn not in self.have
+        return turn in self._open or self.have.get(turn, 0) == 0
 
     def chunk(self, turn: str) -> range:
         """The samples the rule asks of a turn now (its written samples up to the next chunk end)."""
@@ -443,7 +443,7 @@ class StreamScheduler:
             room = self._add(engine, turn, self.chunk(turn).stop, room)
         while room > 0 and self.next_fresh < len(self.order):  # fresh turns' first chunks
             turn = self.order[self.next_fresh]
-            if turn in self.have:  # sampled by an earlier run: the rule already knows it
+            if self.have.get(turn, 0) > 0:  # sampled by an earlier run: the rule already knows it
                 self.next_fresh += 1
                 continue
             room = self._add(engine, turn, self.chunk(turn).stop, room)
