@@ -27,10 +27,13 @@ measures the share). A turn with a reward that is not 0 or 1 is left to the exac
 
 Sampling in rounds keeps every sample's key and seed: sample i of a turn is the draw of per-sample seeding
 (profiler.sample_seed), so an adaptive profile is a prefix of the exhaustive one, and raising the budget (adaptive
-off, a smaller epsilon, a larger k) generates only the samples a turn lacks. The rounds are synchronous: every
-profiled turn first gets its first round (the prior's data), then each round samples the turns still open, is
-scored, and the rule decides. The decisions are recomputed from the stored rewards whenever profiles are built,
-so turn_profiles says why each turn stopped (stop_reason, p_flip) without a table of decisions.
+off, a smaller epsilon, a larger k) generates only the samples a turn lacks. Three schedulers (config
+profiling.adaptive.scheduler): rounds are synchronous (every profiled turn first gets its first round, the
+prior's data, then each round samples the turns still open, is scored, and the rule decides); waves are engine
+calls of a fixed size, each decided as it returns (run_waves); the stream keeps single requests in an engine that
+takes them one at a time and cancels them (run_stream). The decisions are recomputed from the stored rewards
+whenever profiles are built, so turn_profiles says why each turn stopped (stop_reason, p_flip) without a table
+of decisions.
 """
 
 from __future__ import annotations
@@ -404,6 +407,7 @@ class StreamScheduler:
         self.flying: dict[str, set[int]] = {}
         self.held: dict[str, dict[int, object]] = {}  # finished samples not written yet
         self.active: list[str] = []  # started turns the rule leaves open, in `order`
+        self._open: set[str] = set()  # the same, as a set
         self.next_fresh = 0  # order[next_fresh:] holds the turns not started yet
         self.prior: Prior | None = None
         self.stats = {"stream_steps": 0, "decisions": 0, "rollouts_aborted": 0, "rollouts_dropped": 0,
