@@ -379,6 +379,8 @@ class RequestStream(Protocol):
 
     def step(self) -> list: ...  # the samples finished in this engine step (turn_id, sample_index)
 
+    def close(self) -> dict: ...  # cancel what is still in flight; the stream's own figures
+
 
 def chunk_end(n: int, r: int, k: int) -> int:
     """The end of the chunk a turn with n samples is sampled to next: the next multiple of the round size (at most k);
@@ -414,6 +416,11 @@ class StreamScheduler:
                       "in_flight_mean": 0.0, "prior_fits": 0}
         self._in_flight_sum = 0
         self.decide_all(counts)
+        self.stats["decisions"] = 0  # the starting state is not a decision on samples this run drew
+
+    def has_work(self) -> bool:
+        """Whether any turn is open or not sampled yet (else the engine need not start)."""
+        return bool(self.active) or any(self.have.get(t, 0) == 0 for t in self.order[self.next_fresh:])
 
     def decide_all(self, counts: pa.Table) -> None:
         """The rule on every sampled turn's written samples, under the prior refitted on them."""
@@ -510,24 +517,40 @@ class StreamScheduler:
         return self.stats
 
 
-def run_stream(order: list[str], counts: Callable[[], pa.Table], engine: RequestStream,
+def run_stream(order: list[str], counts: Callable[[], pa.Table], open_stream: Callable[[], RequestStream],
                write: Callable[[list], dict], score: Callable[[list[str]], dict], options, k: int, lambda_diff: float,
                capacity: int, log: Callable[[str], None] | None = None) -> dict:
-    """The stream scheduler (StreamScheduler) over an engine's single requests. `write` stores samples as one part
-    (and returns its counts), `score` scores the turns' unscored samples, `counts` reads the rule's columns."""
+    """The stream scheduler (StreamScheduler) over an engine's single requests. `open_stream` starts the engine's
+    stream (called only when some turn needs samples), `write` stores samples as one part (and returns its counts),
+    `score` scores the turns' unscored samples, `counts` reads the rule's columns."""
     score(order)  # samples written by an earlier, interrupted run
     plan = StreamScheduler(order, counts(), options, k, lambda_diff, capacity)
-    stats = {"rollouts_generated": 0, "generated_tokens": 0, "rollouts_scored": 0, "generation_s": 0.0}
+    stats = {"rollouts_generated": 0, "generated_tokens": 0, "rollouts_scored": 0, "generation_s": 0.0,
+             "decide_s": 0.0}  # decide_s: writing, scoring and deciding, while the engine waits
+    if not plan.has_work():
+        return {**stats, **plan.finish()}
+    engine = open_stream()
+    try:
+        _stream_loop(plan, engine, write, score, counts, stats, log)
+    finally:  # nothing of this run stays in the engine, whatever stopped it
+        closed = engine.close()
+    stats.update(generation_s=round(stats["generation_s"], 2), decide_s=round(stats["decide_s"], 2))
+    return {**stats, **plan.finish(), **closed}
+
+
+def _stream_loop(plan: StreamScheduler, engine: RequestStream, write, score, counts, stats: dict, log) -> None:
     while True:
         plan.admit(engine)
         ready = plan.complete()
         if plan.should_decide(ready, engine):
+            t0 = time.perf_counter()
             written = write(plan.ready_samples(ready))
             stats["rollouts_generated"] += written.get("rows", 0)
             stats["generated_tokens"] += written.get("tokens", 0)
             stats["rollouts_scored"] += score(ready)["rollouts_scored"]
             plan.decide_all(counts())
             plan.settle(engine)
+            stats["decide_s"] += time.perf_counter() - t0
             if log and plan.stats["decisions"] % 20 == 0:
                 log(f"adaptive stream: {plan.stats['decisions']} decisions, {stats['rollouts_generated']} samples "
                     f"written, {engine.in_flight} in flight")
@@ -538,8 +561,6 @@ def run_stream(order: list[str], counts: Callable[[], pa.Table], engine: Request
         plan.take(engine.step())
         stats["generation_s"] += time.perf_counter() - t0
         plan.record_step(engine)
-    stats["generation_s"] = round(stats["generation_s"], 2)
-    return {**stats, **plan.finish()}
 
 
 # -- the stream replayed on stored rewards (simulate) --------------------------------------------------------------
@@ -575,6 +596,10 @@ class ReplayEngine:
             del self.due[key]
         return [ReplayedSample(*key) for key in done]
 
+    def close(self) -> dict:
+        self.due.clear()
+        return {}
+
 
 def replay_stream(rewards: dict[str, list[float]], options, k: int, lambda_diff: float,
                   logprob: dict[str, float | None], calls: list[int] | None = None) -> dict[str, int]:
@@ -598,6 +623,6 @@ def replay_stream(rewards: dict[str, list[float]], options, k: int, lambda_diff:
             calls.append(engine.in_flight)
             return plain()
         engine.step = counted
-    run_stream(sorted(rewards), counts, engine, write, lambda turns: {"rollouts_scored": 0}, options, k,
+    run_stream(sorted(rewards), counts, lambda: engine, write, lambda turns: {"rollouts_scored": 0}, options, k,
                lambda_diff, options.wave_samples)
     return written

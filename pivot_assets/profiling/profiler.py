@@ -718,35 +718,42 @@ class Profiler:
         if self.verifiers is None:
             raise ValueError("adaptive profiling scores as it samples: the Profiler needs the verifiers")
         order = turn_order(self.wh, self.turns)
-        engine = backend()
-        self.score_expert_actions(engine, order)
+        self.score_expert_actions(backend, order)
         requests = {q.turn_id: q for q in generation_requests(self.wh, order)}
-        stream = engine.stream(requests, self.sampling, lambda i: sample_seed(self.sampling.seed, i))
+        stored = done_samples(self.wh, self.policy_fp, self.sampling_fp, self.shard)
         generated: set[str] = set()
 
+        def open_stream():
+            return backend().stream(requests, self.sampling, lambda i: sample_seed(self.sampling.seed, i))
+
         def write(samples: list) -> dict:
-            generated.update(s.turn_id for s in samples)
-            out = self.write_samples(samples, requests)
+            # a turn whose stored samples are not 0..n-1 (a part set aside) would be asked an index it has
+            new = [s for s in samples if (s.turn_id, s.sample_index) not in stored]
+            if len(new) < len(samples):
+                (log or _log.warning)(f"adaptive stream: {len(samples) - len(new)} samples already stored, not "
+                                      "written again")
+            generated.update(s.turn_id for s in new)
+            out = self.write_samples(new, requests) if new else {"rows": 0, "tokens": 0}
             progress.update(out["rows"])
             return out
 
-        stats = adaptive_rule.run_stream(order, self.counts, stream, write,
+        stats = adaptive_rule.run_stream(order, self.counts, open_stream, write,
                                          lambda turns: self.score(log=None, turn_ids=turns), self.adaptive,
                                          self.sampling.k, self.lambda_diff, self.adaptive.wave_samples, log)
-        stats.update(stream.close())
         stats["turns_generated"] = len(generated)
         stats["cache_hits_turns"] = len(self.turns) - len(generated)
         return stats
 
-    def score_expert_actions(self, backend, order: list[str]) -> None:
+    def score_expert_actions(self, backend: "_Lazy", order: list[str]) -> None:
         """The expert action's likelihood of every turn without one stored (a backend that teacher-forces), in
-        parts of policy.batch_size turns."""
+        parts of policy.batch_size turns; the engine starts only if one is missing."""
         if not self.engine.scores_continuation:
             return
-        missing = [t for t in order if t not in done_likelihoods(self.wh, self.policy_fp, self.sampling_fp, self.shard)]
+        stored = done_likelihoods(self.wh, self.policy_fp, self.sampling_fp, self.shard)
+        missing = [t for t in order if t not in stored]
         for start in range(0, len(missing), self.policy.batch_size):
             turns = missing[start:start + self.policy.batch_size]
-            likelihoods = backend.score_experts(generation_requests(self.wh, turns, experts=turns), self.sampling)
+            likelihoods = backend().score_experts(generation_requests(self.wh, turns, experts=turns), self.sampling)
             key = part_key(self.policy_fp, self.sampling_fp, rows=(f"expert:{t}" for t in turns))
             write_likelihoods(self.wh, likelihoods, self.policy_fp, self.sampling_fp, self.shard, key)
 

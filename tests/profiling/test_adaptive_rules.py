@@ -214,7 +214,7 @@ def test_the_stream_takes_the_rounds_samples_under_the_exact_rule_with_the_engin
         return {"rows": len(samples)}
 
     stats = run_stream(sorted(rewards), lambda: counts_table({t: rewards[t][:len(i)] for t, i in written.items()}, 2, {}),
-                       engine, write, lambda turns: {"rollouts_scored": 0}, options, k, lambda_diff, 64)
+                       lambda: engine, write, lambda turns: {"rollouts_scored": 0}, options, k, lambda_diff, 64)
     assert stats["rollouts_aborted"] + stats["rollouts_dropped"] > 0 and engine.in_flight == 0
     assert {t: len(i) for t, i in written.items()} == rounds and stats["rollouts_generated"] == sum(rounds.values())
     assert all(i == list(range(len(i))) for i in written.values())

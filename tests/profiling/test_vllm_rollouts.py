@@ -129,7 +129,8 @@ def test_adaptive_stream_on_vllm_decides_as_samples_come_in_and_a_kill_9_resumes
     killed = kill_run_after_first_part([pivot, "run", "--select", "rollouts"], lambda: _rows(wh)[0] > 0,
                                        cwd=tmp_path, env=env, timeout_s=420)
     assert killed.mid_run, "the run ended before its first part was seen"
-    assert 0 < _rows(wh)[0] < turns * k
+    at_kill = _rows(wh)[0]
+    assert 0 < at_kill < turns * k
     rerun = run("rollouts")
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     rows, keys = _rows(wh)
@@ -152,6 +153,13 @@ def test_adaptive_stream_on_vllm_decides_as_samples_come_in_and_a_kill_9_resumes
     record = dg.DagsterInstance.get().fetch_materializations(dg.AssetKey("rollouts"), limit=1).records[0]
     meta = {key: v.value for key, v in record.asset_materialization.metadata.items()}
     assert meta["stream_steps"] > 0 and 0 < meta["in_flight_mean"] <= 4 and meta["decisions"] > 1
+    assert meta["rollouts_generated"] == rows - at_kill  # nothing written before the kill was drawn again
+
+    assert run("rollouts").returncode == 0  # every turn settled: the engine is never started
+    record = dg.DagsterInstance.get().fetch_materializations(dg.AssetKey("rollouts"), limit=1).records[0]
+    meta = {key: v.value for key, v in record.asset_materialization.metadata.items()}
+    assert meta["cached"] is True and meta["stream_steps"] == 0 and "stream_engine_s" not in meta
+    assert _rows(wh) == (rows, keys)
 
     (tmp_path / "pivot.yaml").write_text(base)
     assert run("rollouts").returncode == 0
