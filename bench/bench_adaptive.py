@@ -326,7 +326,10 @@ def generation_figures(dagster_home: Path) -> dict:
         meta = {k: v.value for k, v in event.asset_materialization.metadata.items()}
     figures = {k: meta.get(k) for k in ("generation_s", "rounds", "waves", "wave_samples_mean", "prefill_tokens_computed",
                                         "prompt_tokens_total", "turns", "expert_tokens_scored", "decisions",
-                                        "in_flight_mean", "rollouts_aborted", "rollouts_dropped")}
+                                        "in_flight_mean", "rollouts_aborted", "rollouts_dropped", "decide_s")}
+    # the rollouts step's own time (engine start, likelihoods, generation, scoring between rounds); the rest of
+    # `pivot run`'s wall is the process, Dagster and the other stages, the same in every mode
+    figures["rollouts_s"] = meta.get("wall_s")
     submitted, cached = meta.get("prompt_tokens_submitted"), meta.get("prompt_tokens_cached")
     # vLLM's prefix cache: the share of every request's prompt tokens it served (a backend without the counters: -)
     figures["prefix_cache_hit_rate"] = round(cached / submitted, 3) if submitted and cached is not None else None
@@ -395,12 +398,15 @@ def run_section(args, base: dict, out: Path, label_wh: Path, log: Path, label_se
     results = json.loads(saved.read_text()) if args.reuse_runs and saved.exists() else {}
     modes = run_modes(args)
     for mode, k, settings, backend in modes:
-        if mode in results:
-            continue
         slug = mode.replace(" ", "_")
+        home = out / f"dagster_{slug}"
+        if mode in results:  # a kept run: its figures read again (a newer bench may read more of them)
+            if home.is_dir():
+                results[mode].update({k: v for k, v in generation_figures(home).items() if v is not None})
+            continue
         wh = out / f"run_{slug}_wh"
         shutil.rmtree(wh, ignore_errors=True)
-        shutil.rmtree(out / f"dagster_{slug}", ignore_errors=True)
+        shutil.rmtree(home, ignore_errors=True)
         wh.mkdir(parents=True)
         for name in ("trajectories.parquet", "turns.parquet", "quarantine.parquet"):
             if (label_wh / name).exists():
@@ -409,11 +415,11 @@ def run_section(args, base: dict, out: Path, label_wh: Path, log: Path, label_se
             shutil.copytree(label_wh / "models", wh / "models")
         config = write_config(base, out / f"run_{slug}.yaml", wh, k, settings, backend)
         load_start = loadavg()
-        wall = pivot_run(config, PROFILING + "," + SELECTION, out / f"dagster_{slug}", log)
+        wall = pivot_run(config, PROFILING + "," + SELECTION, home, log)
         stats = profile_stats(wh)
         stats["engine_calls"] = engine_calls(wh)
         stats.update(k=k, adaptive=settings, wall=wall, load=f"{load_start} -> {loadavg()}",
-                     engine=load_config(config).policy.backend, **generation_figures(out / f"dagster_{slug}"))
+                     engine=load_config(config).policy.backend, **generation_figures(home))
         stats["sets"] = {name: sorted(v) for name, v in stats["sets"].items()}
         results[mode] = stats
         saved.write_text(json.dumps(results, indent=1))
@@ -422,7 +428,9 @@ def run_section(args, base: dict, out: Path, label_wh: Path, log: Path, label_se
              "and reference policy)", "",
              *(f"- `{m}`: policy.k={results[m]['k']}, adaptive {json.dumps(results[m]['adaptive'])}" for m in names), "",
              "| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
-    for name, key in (("engine", "engine"), ("wall (s)", "wall"), ("generation (s, in rollouts)", "generation_s"), ("samples", "samples"),
+    for name, key in (("engine", "engine"), ("wall (s)", "wall"), ("rollouts step (s)", "rollouts_s"),
+                      ("generation (s, in rollouts)", "generation_s"),
+                      ("stream: writing, scoring, deciding (s, engine idle)", "decide_s"), ("samples", "samples"),
                       ("generated tokens", "tokens"), ("rounds", "rounds"), ("waves (engine calls)", "waves"),
                       ("samples per wave, mean", "wave_samples_mean"), ("stream: decisions", "decisions"),
                       ("stream: requests in flight, mean", "in_flight_mean"),
