@@ -324,12 +324,14 @@ def generation_figures(dagster_home: Path) -> dict:
     with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
         event = instance.get_latest_materialization_event(dg.AssetKey("rollouts"))
         meta = {k: v.value for k, v in event.asset_materialization.metadata.items()}
+        step = instance.get_run_step_stats(event.run_id, step_keys=["rollouts"])[0]
     figures = {k: meta.get(k) for k in ("generation_s", "rounds", "waves", "wave_samples_mean", "prefill_tokens_computed",
                                         "prompt_tokens_total", "turns", "expert_tokens_scored", "decisions",
-                                        "in_flight_mean", "rollouts_aborted", "rollouts_dropped", "decide_s")}
+                                        "in_flight_mean", "rollouts_aborted", "rollouts_dropped", "decide_s",
+                                        "engine_start_s")}
     # the rollouts step's own time (engine start, likelihoods, generation, scoring between rounds); the rest of
     # `pivot run`'s wall is the process, Dagster and the other stages, the same in every mode
-    figures["rollouts_s"] = meta.get("wall_s")
+    figures["rollouts_s"] = round(step.end_time - step.start_time, 1)
     submitted, cached = meta.get("prompt_tokens_submitted"), meta.get("prompt_tokens_cached")
     # vLLM's prefix cache: the share of every request's prompt tokens it served (a backend without the counters: -)
     figures["prefix_cache_hit_rate"] = round(cached / submitted, 3) if submitted and cached is not None else None
@@ -429,6 +431,7 @@ def run_section(args, base: dict, out: Path, label_wh: Path, log: Path, label_se
              *(f"- `{m}`: policy.k={results[m]['k']}, adaptive {json.dumps(results[m]['adaptive'])}" for m in names), "",
              "| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for name, key in (("engine", "engine"), ("wall (s)", "wall"), ("rollouts step (s)", "rollouts_s"),
+                      ("engine start (s, in rollouts)", "engine_start_s"),
                       ("generation (s, in rollouts)", "generation_s"),
                       ("stream: writing, scoring, deciding (s, engine idle)", "decide_s"), ("samples", "samples"),
                       ("generated tokens", "tokens"), ("rounds", "rounds"), ("waves (engine calls)", "waves"),

@@ -164,6 +164,7 @@ class VLLMBackend:
         self._closed = False
         if self.in_process:
             hold_in_process_engine()
+        started = time.perf_counter()
         try:
             with engine_process(device, threads, self.in_process):
                 # disable_log_stats=False: the engine's prompt/cached-token counters (prefix-cache statistics) are read
@@ -183,6 +184,8 @@ class VLLMBackend:
         self.batch_size = batch_size
         self.fingerprint = policy_fingerprint(model, fmt)
         self.stats = new_stats()
+        # the engine's start (load, compile, warm-up, KV cache): the same in every run, whatever it then generates
+        self.stats["engine_start_s"] = round(time.perf_counter() - started, 2)
         self.stats["prompt_tokens_submitted"] = 0  # prompt tokens over every engine request (K per turn)
         self.stats["prompt_tokens_cached"] = 0  # of those, served from the prefix cache
         self.stats["expert_tokens_scored"] = 0  # teacher-forced expert-action tokens (ActionLikelihood)
