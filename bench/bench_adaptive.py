@@ -328,7 +328,7 @@ def generation_figures(dagster_home: Path) -> dict:
     figures = {k: meta.get(k) for k in ("generation_s", "rounds", "waves", "wave_samples_mean", "prefill_tokens_computed",
                                         "prompt_tokens_total", "turns", "expert_tokens_scored", "decisions",
                                         "in_flight_mean", "rollouts_aborted", "rollouts_dropped", "decide_s",
-                                        "engine_start_s")}
+                                        "engine_start_s", "expert_scoring_s")}
     # the rollouts step's own time (engine start, likelihoods, generation, scoring between rounds); the rest of
     # `pivot run`'s wall is the process, Dagster and the other stages, the same in every mode
     figures["rollouts_s"] = round(step.end_time - step.start_time, 1)
@@ -432,6 +432,7 @@ def run_section(args, base: dict, out: Path, label_wh: Path, log: Path, label_se
              "| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for name, key in (("engine", "engine"), ("wall (s)", "wall"), ("rollouts step (s)", "rollouts_s"),
                       ("engine start (s, in rollouts)", "engine_start_s"),
+                      ("expert actions' likelihoods (s, in rollouts)", "expert_scoring_s"),
                       ("generation (s, in rollouts)", "generation_s"),
                       ("stream: writing, scoring, deciding (s, engine idle)", "decide_s"), ("samples", "samples"),
                       ("generated tokens", "tokens"), ("rounds", "rounds"), ("waves (engine calls)", "waves"),

@@ -190,6 +190,7 @@ class VLLMBackend:
         self.stats["prompt_tokens_cached"] = 0  # of those, served from the prefix cache
         self.stats["expert_tokens_scored"] = 0  # teacher-forced expert-action tokens (ActionLikelihood)
         self.stats["experts_unscorable"] = 0  # expert messages not scored (see score_experts)
+        self.stats["expert_scoring_s"] = 0.0  # in score_experts (inside a generation call's time where it runs there)
 
     def close(self) -> None:
         """Stop the engine now (its processes would otherwise go when this object is collected); an in-process
@@ -296,7 +297,7 @@ class VLLMBackend:
             self.stats["experts_unscorable"] += len(wanted)
             return []
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False, skip_reading_prefix_cache=True)
-        out = []
+        started, out = time.perf_counter(), []
         for req in wanted:
             prompt_text = render_prompt(self.tokenizer, req.messages, req.tools)
             action = expert_action_ids(self.tokenizer, req, prompt_text, self.stop_ids)
@@ -310,6 +311,7 @@ class VLLMBackend:
             total = sum(position[token].logprob for position, token in zip(scored, action))
             out.append(ActionLikelihood(turn_id=req.turn_id, logprob=float(total), n_tokens=len(action)))
             self.stats["expert_tokens_scored"] += len(action)
+        self.stats["expert_scoring_s"] += time.perf_counter() - started
         return out
 
     def _groups(self, ordered: list[GenerationRequest], sampling: SamplingConfig, rows: RowSeeds | None):
