@@ -142,6 +142,18 @@ REFRESH_BUDGET_SCHEMA = pa.schema(
      ("policy_fp", pa.string())]
 )
 
+# pivot_eval (evaluation/heldout.py writes it): one row per (policy, evaluation set), its accuracy with a 95% interval
+# and the paired difference against the reference; arm and seed are null outside the ablation. Mirrors
+# heldout.EVAL_SCHEMA_FIELDS (a test holds the two equal: the stage below core cannot be imported here).
+PIVOT_EVAL = "pivot_eval"
+PIVOT_EVAL_SCHEMA = pa.schema(
+    [("policy", pa.string()), ("arm", pa.string()), ("seed", pa.int64()), ("model_fp", pa.string()),
+     ("eval_key", pa.string()), ("eval_set", pa.string()), ("n", pa.int64()), ("n_conversations", pa.int64()),
+     ("n_seeds", pa.int64()), ("k", pa.int64()), ("accuracy", pa.float64()), ("ci_low", pa.float64()),
+     ("ci_high", pa.float64()), ("delta", pa.float64()), ("delta_low", pa.float64()), ("delta_high", pa.float64()),
+     ("backend", pa.string()), ("dtype", pa.string()), ("device", pa.string()), ("seconds", pa.float64())]
+)
+
 # -- pivot sets ------------------------------------------------------------------------------------
 PIVOT_SETS = ("mixed", "adv", "cand")
 SET_TABLES = {name: f"pivots_{name}" for name in PIVOT_SETS}
@@ -182,6 +194,7 @@ TABLES: dict[str, Table] = {
         Table(SKIPPED_TURNS, ("turn_id",), SKIPPED_TURNS_SCHEMA, contract=False),
         Table(REFRESH_PROFILES, ("round", "turn_id"), REFRESH_PROFILES_SCHEMA, contract=False),
         Table(REFRESH_BUDGET, ("round", "phase"), REFRESH_BUDGET_SCHEMA, contract=False),
+        Table(PIVOT_EVAL, ("policy", "eval_set"), PIVOT_EVAL_SCHEMA, contract=False),
     )
 }
 CONTRACT_TABLES = tuple(name for name, t in TABLES.items() if t.contract)

@@ -91,6 +91,11 @@ def bind_state_dir(state_dir: Path, uri: str) -> Path:
     return state_dir
 
 
+# quoted in docs/troubleshooting.md (generated from here)
+S3_CREDENTIALS_MISSING = ("an s3:// warehouse needs AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment "
+                          "(and AWS_ENDPOINT_URL for a store other than AWS)")
+
+
 @dataclass(frozen=True)
 class S3Settings:
     """Where the store is and who we are, from the standard AWS variables; repr never shows a credential."""
@@ -109,8 +114,7 @@ class S3Settings:
     def from_env(cls, env=os.environ) -> S3Settings:
         key_id, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
         if not key_id or not secret:
-            raise ValueError("an s3:// warehouse needs AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment "
-                             "(and AWS_ENDPOINT_URL for a store other than AWS)")
+            raise ValueError(S3_CREDENTIALS_MISSING)
         url = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
         scheme, endpoint = "https", None
         if url:

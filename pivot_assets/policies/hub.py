@@ -78,6 +78,11 @@ def cached_snapshot(hub_id: HubId, cache: Path | None = None) -> Path | None:
     return path if (path / "config.json").is_file() else None
 
 
+# quoted in docs/troubleshooting.md (generated from here)
+NOT_CACHED_OFFLINE = ("Hub model {hub_id} is not in the cache {cache} and HF_HUB_OFFLINE is set: fetch it "
+                      "with `{fetch_command}` where the network is allowed (or unset HF_HUB_OFFLINE)")
+
+
 def snapshot_dir(hub_id: HubId) -> Path:
     """The id's snapshot dir: from the cache, else downloaded where the network is allowed; HubModelMissing else."""
     cache = hub_cache_dir()
@@ -85,8 +90,7 @@ def snapshot_dir(hub_id: HubId) -> Path:
     if cached is not None:
         return cached
     if hub_offline():
-        raise HubModelMissing(f"Hub model {hub_id} is not in the cache {cache} and HF_HUB_OFFLINE is set: fetch it "
-                              f"with `{hub_id.fetch_command}` where the network is allowed (or unset HF_HUB_OFFLINE)")
+        raise HubModelMissing(NOT_CACHED_OFFLINE.format(hub_id=hub_id, cache=cache, fetch_command=hub_id.fetch_command))
     return _download(hub_id, cache)
 
 

@@ -83,6 +83,10 @@ def user_verifier_class(name: str) -> type[Verifier]:
     return _verifier_class(name, _import_current(name, ep.module), ep.attr)
 
 
+# quoted in docs/troubleshooting.md (generated from here)
+NO_MODULE = "verifier {name!r}: no module named {top!r} on sys.path or in {where}"
+
+
 def build_user_verifier(cls: type[Verifier], **params: Any) -> Verifier:
     verifier = cls(**params)
     # base.py's fingerprint hashes name, version and config (and only the package's code): the code enters here
@@ -136,7 +140,7 @@ def _import(name: str, module_name: str) -> ModuleType:
         directory = next((d for d in _search_dirs() if (d / f"{top}.py").is_file() or (d / top).is_dir()), None)
         if directory is None:
             where = ", ".join(str(d) for d in _search_dirs())
-            raise ValueError(f"verifier {name!r}: no module named {top!r} on sys.path or in {where}")
+            raise ValueError(NO_MODULE.format(name=name, top=top, where=where))
         # kept on sys.path, last (it shadows nothing installed): lazy imports and spawned workers need it too
         sys.path.append(str(directory))
     return _imported(name, module_name, importlib.import_module, module_name)
