@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM := false
 # Material for MkDocs prints a multi-line notice on every build without it.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup setup-vllm setup-gpu setup-browser demo test ui docs config-reference bench clean
+.PHONY: setup setup-vllm setup-gpu setup-browser demo test ui docs docs-check config-reference bench clean
 
 setup: $(VENV)/.installed
 
@@ -76,15 +76,25 @@ TEST_WORKERS ?= 2
 test: setup
 	$(VENV)/bin/ruff check --select F pivot_assets pivot_jobs tests bench definitions.py
 	$(VENV)/bin/lint-imports --no-cache
+	$(MAKE) --no-print-directory docs-check
 	$(PY) -m pytest -q -x -rs --durations=20 -n $(TEST_WORKERS)
 	$(VENV)/bin/mkdocs build --strict -q
 
 ui: setup
 	$(VENV)/bin/pivot ui
 
-# The documentation site (mkdocs.yml, docs/) into site/.
+# What README.md and docs/ state that the code or a results file knows sits in cog blocks written by
+# docs/_gen/facts.py (bench/results/*.json for measured figures): `make docs` rewrites them, then builds the site
+# (mkdocs.yml, docs/) into site/; `make docs-check` (run by `make test`) fails when a block is stale.
+COG := $(VENV)/bin/cog --verbosity=1 -I docs/_gen -p "import facts"
+DOC_PAGES := README.md docs/*.md
+
 docs: setup
+	$(COG) -r $(DOC_PAGES)
 	$(VENV)/bin/mkdocs build --strict
+
+docs-check: setup
+	$(COG) --check --check-fail-msg "stale: run make docs" $(DOC_PAGES)
 
 bench: setup
 	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

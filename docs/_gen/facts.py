@@ -1,0 +1,237 @@
+"""What the docs state that the code or a results file knows, written into the pages by cog (`make docs`).
+
+Each function returns one generated fact as Markdown; a page calls it inside a `[[[cog ... ]]]` block and
+`make docs-check` (cog --check) fails when a block no longer matches what its function returns. Paths are taken
+relative to this file, so a copy of the repository generates from its own pivot.yaml and results files.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# -- results files --------------------------------------------------------------------------------------------------
+
+@cache
+def results(name: str) -> dict:
+    """bench/results/<name>.json: the figures a benchmark measured, each as its RESULTS file writes it."""
+    return json.loads((ROOT / "bench" / "results" / f"{name}.json").read_text())
+
+
+def figure(name: str, key: str):
+    """One figure of a results summary, as its RESULTS file writes it."""
+    return results(name)["figures"][key]
+
+
+def link(name: str, prefix: str = "") -> str:
+    path = results(name)["results_file"]
+    return f"[`{Path(path).name}`]({prefix}{path})"
+
+
+def _per_seed_range(name: str) -> str:
+    values = sorted(float(part.split()[1]) for part in figure(name, "per_seed").split(", "))
+    return f"{values[0]:+.3f} to {values[-1]:+.3f}"
+
+
+def _share_range(name: str, arm: str) -> str:
+    values = sorted(results(name)["figures"][f"useful_share_{arm}"])
+    return f"{values[0]}-{values[-1]}"
+
+
+def readme_results_table() -> str:
+    """README's results: at most five rows, one line each, every figure from bench/results/."""
+    d, v, r, g, a = "decisive_bfcl", "verifiers", "rescore", "grpo_rollout", "adaptive_stream"
+    rows = [
+        ("GRPO on D_adv against D_cand at equal steps (BFCL single-turn, 3 seeds)",
+         f"adv - cand **{figure(d, 'adv_minus_cand')}** on {figure(d, 'held_out_items')} held-out items; "
+         f"reference {figure(d, 'reference')}, D_adv {figure(d, 'grpo_adv')}, D_cand {figure(d, 'grpo_cand')}", d),
+        ("`tool_call` / `executed_state` against BFCL's and tau2-bench's checkers",
+         f"BFCL {figure(v, 'bfcl_agreement')} over {figure(v, 'bfcl_cases')} cases, no false accept; multi-turn "
+         f"{figure(v, 'multi_turn_agreement')}; tau2 {figure(v, 'tau2_agreement')}", v),
+        ("A verifier change on BFCL multi-turn rollouts",
+         f"0 turns regenerated; re-scored in {figure(r, 'rescore_s')} against {figure(r, 'generate_s')} to generate", r),
+        ("A GRPO step on a 2-core CPU (one BFCL prompt, 4 completions)",
+         f"{figure(g, 'trl_step_s')} s with TRL as it comes, {figure(g, 'vllm_shared_step_s')} s "
+         f"({figure(g, 'speedup')}) with the vLLM engine and the prompt run once", g),
+        ("Adaptive profiling against exhaustive K=8, equal or better F1",
+         f"transformers {figure(a, 'transformers_waves')}x (waves) / {figure(a, 'transformers_rounds')}x (rounds); "
+         f"vLLM {figure(a, 'vllm_range')}", a),
+    ]
+    lines = ["| what | result | file |", "|---|---|---|"]
+    lines += [f"| {what} | {result} | {link(name)} |" for what, result, name in rows]
+    return "\n".join(lines)
+
+
+def demo_cost(prefix: str = "") -> str:
+    """What `make demo` took, from bench/results/demo.json."""
+    return (f"`make demo` took {figure('demo', 'make_demo_bf16')} with native bf16 and {figure('demo', 'make_demo_fp32')} "
+            f"in fp32 on a 2-core CPU ({link('demo', prefix)})")
+
+
+def decisive_summary(prefix: str = "") -> str:
+    """The decisive comparison in one paragraph, from bench/results/decisive_bfcl.json."""
+    d = "decisive_bfcl"
+    return (f"GRPO on D_adv against GRPO on D_cand at equal GRPO steps ({figure(d, 'seeds')} seeds, "
+            f"{figure(d, 'held_out_items')} held-out items x 4 samples, {figure(d, 'grpo_steps')} GRPO steps an arm and "
+            f"seed, learning rate {figure(d, 'learning_rate')}; {link(d, prefix)}): both arms move off the reference "
+            f"({figure(d, 'reference')} held-out accuracy): D_adv to {figure(d, 'grpo_adv')} "
+            f"({figure(d, 'grpo_adv_delta')}), D_cand to {figure(d, 'grpo_cand')} ({figure(d, 'grpo_cand_delta')}), and "
+            f"**adv - cand is {figure(d, 'adv_minus_cand')}**, positive in every seed ({_per_seed_range(d)}). "
+            f"Useful share (GRPO groups with reward variance, all steps of all seeds): "
+            f"grpo_adv {figure(d, 'useful_share_grpo_adv')}, grpo_cand {figure(d, 'useful_share_grpo_cand')}.")
+
+
+def quick_ablation_summary(prefix: str = "") -> str:
+    """The reduced ablation's headline and useful shares per arm (each seed), from its summary."""
+    q = "ablation_bfcl_quick"
+    return (f"The reduced run ({link(q, prefix)}: {figure(q, 'seeds')} seeds, {figure(q, 'held_out_items')} held-out "
+            f"items, {figure(q, 'grpo_steps')} GRPO steps an arm): GRPO on D_adv {figure(q, 'grpo_adv_delta')} over the "
+            f"reference, adv - cand {figure(q, 'adv_minus_cand')}. Useful share per seed: grpo_adv "
+            f"{_share_range(q, 'grpo_adv')}, grpo_adv_exact {_share_range(q, 'grpo_adv_exact')}, grpo_cand "
+            f"{_share_range(q, 'grpo_cand')}.")
+
+
+def decisive_steps() -> str:
+    return figure("decisive_bfcl", "grpo_steps")
+
+
+# -- the demo's settings (pivot.yaml through the config model) -----------------------------------------------------
+
+def demo_config():
+    from pivot_assets.core.config import load_config
+
+    return load_config(ROOT / "pivot.yaml")
+
+
+def demo_settings() -> str:
+    """The shipped pivot.yaml in one sentence."""
+    c = demo_config()
+    return (f"The shipped `pivot.yaml` is the demo: the embedded sample ({c.sample.n_trajectories} trajectories), "
+            f"an SFT warm-up of {c.sft.steps} steps as the reference policy (zero-shot the 135M model almost never emits a "
+            f"correct tool call, so it has no pivots), K={c.policy.k} samples a turn of at most "
+            f"{c.policy.max_new_tokens} new tokens, `pivots.lambda_diff` {c.pivots.lambda_diff}, a "
+            f"{c.training.steps}-step CPU smoke GRPO run on `D_{c.training.set}`, and `evaluation.k` {c.evaluation.k} "
+            f"on {c.evaluation.max_turns} held-out turns and {c.evaluation.ood_max_items} probe items.")
+
+
+# -- the SQL tables (core/catalog.py) ------------------------------------------------------------------------------
+
+def sql_tables() -> str:
+    """Every catalog table with a fixed schema: its key and its other columns."""
+    from pivot_assets.core.catalog import TABLES
+
+    lines = ["| table | key | other columns |", "|---|---|---|"]
+    for t in TABLES.values():
+        if t.schema is None:
+            continue
+        rest = [n for n in t.schema.names if n not in t.key]
+        lines.append(f"| `{t.name}` | {', '.join(t.key)} | {', '.join(rest)} |")
+    keyed = [t for t in TABLES.values() if t.schema is None]
+    lines.append("")
+    lines.append("Keyed like the above, columns set by the stage that writes them: "
+                 + "; ".join(f"`{t.name}` ({', '.join(t.key)})" for t in keyed) + ".")
+    return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    """Text for a Markdown table cell: a `|` (even inside backticks) would end the cell."""
+    return text.replace("|", "\\|")
+
+
+# -- the CLI (pivot_jobs/cli.py's parser) --------------------------------------------------------------------------
+
+def _flag(action) -> str:
+    name = action.option_strings[0] if action.option_strings else action.dest.upper()
+    if action.choices:
+        value = "|".join(map(str, action.choices))
+        return f"{name} {value}" if action.option_strings else value
+    if action.option_strings and action.nargs != 0:
+        return f"{name} {action.metavar or action.dest.upper()}"
+    return name
+
+
+def cli_verbs() -> str:
+    """Every `pivot` verb, what it does and its flags."""
+    import argparse
+
+    from pivot_jobs.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {a.dest: a.help for a in sub._choices_actions}
+    lines = ["| verb | what | arguments and flags |", "|---|---|---|"]
+    for verb, parser in sub.choices.items():
+        flags = [_flag(a) for a in parser._actions if not isinstance(a, argparse._HelpAction)]
+        cells = [f"`pivot {verb}`", helps[verb], ", ".join(f"`{f}`" for f in flags)]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+# -- user-facing error messages (the raising modules' constants) ---------------------------------------------------
+
+def _quote(template: str, **example) -> str:
+    text = template.format(**example)
+    return _cell(f"`` {text} ``" if "`" in text else f"`{text}`")
+
+
+def _error_quotes() -> list[tuple[str, str]]:
+    """(the message as the code prints it, with example values; what to do), one per quoted error constant."""
+    from pivot_assets.core.warehouse import S3_CREDENTIALS_MISSING
+    from pivot_assets.policies.hub import NOT_CACHED_OFFLINE
+    from pivot_assets.verifiers.user_verifiers import NO_MODULE
+
+    return [
+        (_quote(NOT_CACHED_OFFLINE, hub_id="org/name", cache="~/.cache/huggingface/hub",
+                fetch_command="hf download org/name"),
+         "a Hub id with no network (`HF_HUB_OFFLINE=1`) and no cached snapshot: run the printed `hf download` on a "
+         "machine with network, or copy its `$HF_HOME/hub/models--org--name` here "
+         "([engines](engines.md#models-by-hub-id))"),
+        (_quote(NO_MODULE, name="my_rewards:MyVerifier", top="my_rewards", where="/home/me/work, /home/me/work/configs"),
+         "the module is looked for on `sys.path` (`PYTHONPATH`), in the working directory and in the config's "
+         "folder; the line lists the folders it searched ([verifiers](verifiers.md#write-your-own-verifier))"),
+        (_quote(S3_CREDENTIALS_MISSING),
+         "credentials come only from the environment; on Ray, start the head (and every node) with them "
+         "([scale-out](scale.md#object-storage-and-a-shared-instance))"),
+    ]
+
+
+def error_table() -> str:
+    """Troubleshooting's quoted error lines, each from the constant the raising module prints."""
+    lines = ["| the line printed (after `config error: <config>: <key>:` where a config key names it) | cause and fix |",
+             "|---|---|"]
+    return "\n".join(lines + [f"| {message} | {fix} |" for message, fix in _error_quotes()])
+
+
+# What each capability means to a user, with the pages that say more; a capability without a line here fails `make docs`.
+CAPABILITY_MEANING = {
+    "local_model": "samples a local model dir: a local tokenizer, a weights fingerprint, a dtype it resolves",
+    "torch_in_process": "runs torch in the calling process, whose intra-op threads are set there",
+    "turn_rows_together": "one prefill serves a turn's K samples: batches are turn-major, else sample-major",
+    "scores_continuation": "teacher-forced log-likelihood of the expert action ([adaptive profiling](adaptive.md))",
+    "bounded_thinking": "implements `policy.thinking_budget` (a forced `</think>`)",
+    "per_row_seeds": "each (turn, sample index) drawn under its own seed",
+    "reloads_weights": "loads another checkpoint of the same architecture into the running engine (evaluation's "
+                       "models in turn)",
+    "grpo_rollouts": "samples GRPO's completions for TRL, the trainer's weights loaded after each step "
+                     "(`training.rollout_engine: auto` picks it; [what a GRPO step costs]"
+                     "(evaluation.md#what-a-grpo-step-costs-and-making-it-cheaper))",
+    "streams_requests": "takes single requests while others decode, hands each back as it finishes and cancels on "
+                        "demand (adaptive profiling's `scheduler: stream`, [adaptive.md](adaptive.md))",
+}
+
+
+def engine_capabilities() -> str:
+    """Which engine can do what (core/engines.py's ENGINES), one row per capability."""
+    from dataclasses import fields
+
+    from pivot_assets.core.engines import ENGINES
+
+    flags = [f.name for f in fields(next(iter(ENGINES.values()))) if f.type in (bool, "bool")]
+    lines = ["| capability | " + " | ".join(ENGINES) + " | what it means |", "|---" * (len(ENGINES) + 2) + "|"]
+    for flag in flags:
+        cells = ["yes" if getattr(caps, flag) else "no" for caps in ENGINES.values()]
+        lines.append(f"| `{flag}` | " + " | ".join(cells) + f" | {CAPABILITY_MEANING[flag]} |")
+    return "\n".join(lines)
