@@ -72,6 +72,14 @@ def demo_cost(prefix: str = "") -> str:
             f"in fp32 on a 2-core CPU ({link('demo', prefix)})")
 
 
+def demo_stages() -> str:
+    """Where the demo's fp32 time goes, and what `make setup` adds."""
+    f = results("demo")["figures"]
+    return (f"In fp32: SFT warm-up {f['sft_policy_fp32_s']} s, rollouts {f['rollouts_fp32_s']} s, GRPO "
+            f"{f['grpo_run_fp32_s']} s, evaluation {f['pivot_eval_fp32_s']} s; `make setup` on a fresh clone adds "
+            f"{f['make_setup_s']} s with a warm pip cache.")
+
+
 def decisive_summary(prefix: str = "") -> str:
     """The decisive comparison in one paragraph, from bench/results/decisive_bfcl.json."""
     d = "decisive_bfcl"
@@ -83,6 +91,14 @@ def decisive_summary(prefix: str = "") -> str:
             f"**adv - cand is {figure(d, 'adv_minus_cand')}**, positive in every seed ({_per_seed_range(d)}). "
             f"Useful share (GRPO groups with reward variance, all steps of all seeds): "
             f"grpo_adv {figure(d, 'useful_share_grpo_adv')}, grpo_cand {figure(d, 'useful_share_grpo_cand')}.")
+
+
+def decisive_subsets() -> str:
+    """The decisive run's adv - cand difference on the held-out D_mixed and D_adv items, and its interval's width."""
+    d = "decisive_bfcl"
+    return (f"On the held-out D_mixed items adv - cand is {figure(d, 'mixed_delta')}, on the "
+            f"{figure(d, 'adv_set_items')} held-out D_adv items {figure(d, 'adv_set_delta')}. The interval's half-width "
+            f"is {figure(d, 'measured_half_width')} where the design expected {figure(d, 'designed_half_width')}.")
 
 
 def quick_ablation_summary(prefix: str = "") -> str:
