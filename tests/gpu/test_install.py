@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.scenario
+UNREACHABLE = ("NewConnectionError", "Max retries exceeded", "Failed to establish a new connection",
+               "Temporary failure in name resolution", "Network is unreachable")
 
 
 def test_the_gpu_extra_resolves_to_a_set_trl_supports(tmp_path):
@@ -20,8 +22,9 @@ def test_the_gpu_extra_resolves_to_a_set_trl_supports(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed",
                            "--report", str(report), f"pivot-curation[gpu] @ {REPO.as_uri()}"],
                           capture_output=True, text=True, timeout=900)
-    if proc.returncode and any(s in proc.stderr for s in ("NewConnectionError", "Could not find a version",
-                                                          "No matching distribution", "Max retries")):
+    # Only an index that could not be reached skips; "No matching distribution" / "Could not find a version" alone
+    # is what an unresolvable pin set prints, and fails.
+    if proc.returncode and any(s in proc.stderr for s in UNREACHABLE):
         pytest.skip(f"no package index answered: {proc.stderr.strip().splitlines()[-1][:200]}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     versions = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}

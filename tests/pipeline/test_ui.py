@@ -16,7 +16,7 @@ from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.scenario
 
 
 @contextmanager
@@ -40,6 +40,14 @@ def dagster_dev(env: dict, port: int):
                     "-h", "127.0.0.1", "-p", str(port)], env, REPO)
 
 
+def _fail_if_gone(server: subprocess.Popen, deadline: float, last: Exception | None, what: str) -> None:
+    """Fail at once when the webserver exited, or after the deadline, naming the last error seen."""
+    if server.poll() is not None:
+        pytest.fail(f"{what}: the webserver exited with {server.returncode} (last error: {last})")
+    if time.time() > deadline:
+        pytest.fail(f"{what} within 180 s (last error: {last})")
+
+
 def test_run_launched_through_the_webserver(tmp_path):
     from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
 
@@ -50,18 +58,16 @@ def test_run_launched_through_the_webserver(tmp_path):
     config.write_text("warehouse: ./wh\nsample: {n_trajectories: 4, seed: 1}\n")
     port = free_port()
     env = {**os.environ, "DAGSTER_HOME": str(home), "PIVOT_CONFIG": str(config), "HF_HUB_OFFLINE": "1"}
-    with dagster_dev(env, port):
-        client = None
-        deadline = time.time() + 180
-        while time.time() < deadline:
+    with dagster_dev(env, port) as server:
+        client = DagsterGraphQLClient("127.0.0.1", port_number=port, timeout=30)
+        deadline, run_id, last = time.time() + 180, None, None
+        while run_id is None:
+            _fail_if_gone(server, deadline, last, "dagster dev did not accept a run")
             try:
-                client = DagsterGraphQLClient("127.0.0.1", port_number=port, timeout=30)
                 run_id = client.submit_job_execution("ingest_job", repository_location_name="pivot_curation")
-                break
-            except (DagsterGraphQLClientError, Exception):
+            except DagsterGraphQLClientError as exc:  # not listening yet, or the location still loading
+                last = exc
                 time.sleep(2)
-        else:
-            pytest.fail("dagster dev did not accept a run within 180 s")
         status = None
         while time.time() < deadline + 120:
             status = client.get_run_status(run_id).value
@@ -81,7 +87,7 @@ def test_run_launched_through_the_webserver(tmp_path):
 def served_project(tmp_path_factory):
     """A config outside the repo, one `pivot run --config` of it, then `pivot ui --config` on it: (port, answers of
     the webserver's GraphQL to the timeline's run fields and the workspace's repositories)."""
-    from dagster_graphql import DagsterGraphQLClient
+    from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
 
     tmp_path = tmp_path_factory.mktemp("ui")
     project = tmp_path / "project"
@@ -98,18 +104,18 @@ def served_project(tmp_path_factory):
     port = free_port()
     query = ("{ runsOrError(filter: {statuses: [SUCCESS]}) { ... on Runs { results { runId jobName status "
              "repositoryOrigin { repositoryName repositoryLocationName } } } } }")  # the timeline's fields
-    with serving([pivot, "ui", "--config", str(config), "--port", str(port)], env, tmp_path):
-        deadline, runs = time.time() + 180, None
-        while time.time() < deadline:
+    with serving([pivot, "ui", "--config", str(config), "--port", str(port)], env, tmp_path) as server:
+        client = DagsterGraphQLClient("127.0.0.1", port_number=port, timeout=30)
+        deadline, runs, last = time.time() + 180, None, None
+        while runs is None:
+            _fail_if_gone(server, deadline, last, "pivot ui did not answer")
             try:
-                client = DagsterGraphQLClient("127.0.0.1", port_number=port, timeout=30)
                 runs = client._execute(query)["runsOrError"]["results"]
-                repos = client._execute("{ repositoriesOrError { ... on RepositoryConnection { nodes { name "
-                                        "location { name } jobs { name } } } } }")
-                break
-            except Exception:  # not listening yet
+            except DagsterGraphQLClientError as exc:  # not listening yet
+                last = exc
                 time.sleep(2)
-        assert runs is not None, "pivot ui did not answer within 180 s"
+        repos = client._execute("{ repositoriesOrError { ... on RepositoryConnection { nodes { name "
+                                "location { name } jobs { name } } } } }")
         yield port, runs, repos
 
 

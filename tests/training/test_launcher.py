@@ -79,15 +79,19 @@ def _pivot(tmp_path: Path, *args: str, **kw) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
-def _ranks() -> list[int]:
-    """Pids of launched ranks and launchers on this machine (from /proc cmdlines)."""
+def _ranks(tmp_path: Path) -> list[int]:
+    """Pids of this test's launched ranks and launchers (from /proc cmdlines): only processes whose environment holds
+    this test's DAGSTER_HOME, which every rank inherits, so a rank another test launches at the same time is not
+    counted."""
+    home = f"DAGSTER_HOME={tmp_path / 'dagster_home'}".encode()
     pids = []
     for proc in Path("/proc").iterdir():
         try:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            ours = "pivot_assets.training.launche" in cmdline and home in (proc / "environ").read_bytes().split(b"\0")
         except (OSError, ValueError):
             continue
-        if "pivot_assets.training.launche" in cmdline and proc.name.isdigit():
+        if ours and proc.name.isdigit():
             pids.append(int(proc.name))
     return pids
 
@@ -110,20 +114,20 @@ def _grpo_checkpoint(models: Path, run: subprocess.Popen, timeout: float = 900) 
     raise AssertionError(run.communicate()[0][-3000:])
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_sft_and_grpo_launched_on_two_processes_a_killed_launcher_resumes_and_a_rerun_is_cached(tmp_path,
                                                                                                 tiny_model_dir):
     (tmp_path / "pivot.yaml").write_text(_config(steps=2, model_dir=tiny_model_dir))
     models = tmp_path / "wh" / "models"
     run = _pivot(tmp_path, "run", "--select", "*grpo_run", start_new_session=True)
     checkpoint = _grpo_checkpoint(models, run)  # sft_policy has trained (launched) by then
-    launchers = [p for p in _ranks() if b"training.launcher " in Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ")]
-    assert len(launchers) == 1 and len(_ranks()) == 3  # grpo_run's launcher and its 2 ranks
+    launchers = [p for p in _ranks(tmp_path) if b"training.launcher " in Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ")]
+    assert len(launchers) == 1 and len(_ranks(tmp_path)) == 3  # grpo_run's launcher and its 2 ranks
     os.kill(launchers[0], signal.SIGKILL)
     gone_by = time.monotonic() + 30
-    while _ranks() and time.monotonic() < gone_by:
+    while _ranks(tmp_path) and time.monotonic() < gone_by:
         time.sleep(0.5)
-    assert _ranks() == [], "the ranks outlived their launcher"
+    assert _ranks(tmp_path) == [], "the ranks outlived their launcher"
     out = run.communicate(timeout=120)[0]
     assert run.returncode != 0, out[-2000:]
     assert "sft: 2 processes" in out and "grpo: 2 processes" in out and "[pipes]" in out
@@ -147,7 +151,7 @@ def test_sft_and_grpo_launched_on_two_processes_a_killed_launcher_resumes_and_a_
     assert cached.returncode == 0 and "processes:" not in out and out.count("up to date") >= 2, out[-3000:]
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_a_failing_rank_fails_the_asset_with_its_own_error_in_one_line(tmp_path):
     """Pipes alone would say "External execution process failed with code 1"; the asset says what the rank raised."""
     import dagster as dg

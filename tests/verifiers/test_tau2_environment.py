@@ -41,6 +41,7 @@ def cases(request):
     return built
 
 
+@pytest.mark.scenario
 def test_verdicts_agree_with_tau2s_own_database_comparison(cases):
     scores = peer.score(cases, build_verifier("executed_state"))
     wrong = [(c.task_id, c.step, c.kind, c.gold[0], c.truth, s.reason, s.detail[:100])
@@ -51,6 +52,7 @@ def test_verdicts_agree_with_tau2s_own_database_comparison(cases):
     assert any(truth is False for _, truth in kinds)  # the cases reach both verdicts
 
 
+@pytest.mark.scenario
 def test_tool_call_rejects_what_tau2_accepts(cases):
     """An extra read before the write leaves tau2's database as the gold call leaves it; comparing text rejects it."""
     extra = [c for c in cases if c.kind == "extra read before" and c.truth]
@@ -103,16 +105,14 @@ def test_an_unknown_domain_or_task_is_a_clear_error():
         env.fresh({"domain": "airline", "task_id": "no-such-task", "initial_state": None})
 
 
+@pytest.mark.scenario
 def test_pivot_verify_scores_tau2_cases(cases):
     gold = next(c for c in cases if c.kind == "gold" and c.earlier)
-    changed = next((c for c in cases if c.kind == "argument changed" and not c.truth), None)
-    lines = [json.dumps(gold.row())] + ([json.dumps(changed.row())] if changed else [])
+    changed = next(c for c in cases if c.kind == "argument changed" and not c.truth)
     out = io.StringIO()
-    verify_jsonl(lines, out, DomainVerifiers(), verifier_name="executed_state")
-    rows = [json.loads(x) for x in out.getvalue().splitlines()]
-    assert rows[0]["reward"] == 1.0
-    if changed:
-        assert rows[1]["reward"] == 0.0
+    verify_jsonl([json.dumps(gold.row()), json.dumps(changed.row())], out, DomainVerifiers(),
+                 verifier_name="executed_state")
+    assert [json.loads(x)["reward"] for x in out.getvalue().splitlines()] == [1.0, 0.0]
 
 
 # -- the shared airline run: ingest keeps the environment, executed_state replays the expert ------------------------
@@ -154,7 +154,7 @@ def test_the_airline_run_is_ingested_with_its_environment_and_its_expert_calls_r
     assert sorted(map(str, wh.part_files("rollouts"))) == before  # nothing generated or rewritten
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 @pytest.mark.skipif(not AIRLINE_RUN.is_file(), reason=f"the shared tau2 run is not at {AIRLINE_RUN}")
 def test_pivot_run_profiles_tau2_with_executed_state_and_a_verifier_change_regenerates_nothing(tmp_path, monkeypatch,
                                                                                                 tiny_model_dir):

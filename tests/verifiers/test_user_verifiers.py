@@ -13,7 +13,6 @@ import sys
 import uuid
 from pathlib import Path
 
-import dagster as dg
 import pytest
 
 from pivot_jobs.cli import main as pivot
@@ -57,6 +56,7 @@ def verifier_spec(module: str, cls: str = "FlatReward") -> dict:
     return {"name": f"{module}:{cls}"}
 
 
+@pytest.mark.scenario
 def test_a_module_beside_the_config_scores_and_its_edit_rescores_without_generating(project, tiny_model_dir, capsys):
     module = unique_module()
     source = project / f"{module}.py"
@@ -84,7 +84,8 @@ def test_a_module_beside_the_config_scores_and_its_edit_rescores_without_generat
     rescored = [r for r in rows(wh, "rollout_rewards") if r["verifier_fp"] != rewards[0]["verifier_fp"]]
     assert {key(r) for r in rescored if r["reason"] == Reason.OK} == scored
     assert {(r["reward"], r["detail"]) for r in rescored if r["reason"] == Reason.OK} == {(0.25, "pays 0.25")}
-    assert last_metadata("turn_profiles")  # profiled again under the new fingerprint
+    new_fp = rescored[0]["verifier_fp"]  # every turn profiled again under the new verifier's fingerprint
+    assert {r["turn_id"] for r in rows(wh, "turn_profiles") if r["verifier_fp"] == new_fp} == {r["turn_id"] for r in rewards}
 
 
 def rows(wh: Warehouse, table: str) -> list[dict]:
@@ -94,10 +95,6 @@ def rows(wh: Warehouse, table: str) -> list[dict]:
 def key(row: dict) -> tuple:
     return row["turn_id"], row["sample_index"]
 
-
-def last_metadata(asset: str) -> dict:
-    event = dg.DagsterInstance.get().get_latest_materialization_event(dg.AssetKey(asset))
-    return {k: v.value for k, v in event.asset_materialization.metadata.items()}
 
 
 def test_the_fingerprint_follows_the_module_code_not_its_comments(project):
