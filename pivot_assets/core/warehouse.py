@@ -40,6 +40,16 @@ import pyarrow.parquet as pq
 from pivot_assets.core import parts
 from pivot_assets.core.catalog import SKIPPED_TURNS, SKIPPED_TURNS_SCHEMA, SQL_DIR
 
+# A kill test's named hold point: a process whose environment has PIVOT_HOLD_AFTER_PART=<table> stops for good once
+# it has written a part of that table, so a test kills a run mid-table on any model, fast or slow, without racing it.
+HOLD_AFTER_PART_ENV = "PIVOT_HOLD_AFTER_PART"
+
+
+def hold_after_part(table: str) -> None:
+    """Wait here until killed when the hold point names `table` (never in a run that does not set it)."""
+    while os.environ.get(HOLD_AFTER_PART_ENV) == table:
+        time.sleep(3600)
+
 DUCKDB_FILE = "pivot.duckdb"
 LOCATION_FILE = "location.txt"  # in an object-store warehouse's local state dir: the s3:// URI of its tables
 S3_SCHEME = "s3://"
@@ -455,6 +465,7 @@ class Warehouse:
         # after the part is in place: a kill in between leaves a part without a record (checked by its footer)
         with self.atomic_path(parts.record_path(final)) as tmp:
             tmp.write_text(json.dumps(record), encoding="utf-8")
+        hold_after_part(name)
         return final
 
     def clean_temp_files(self, name: str, shard: int | None = None) -> int:

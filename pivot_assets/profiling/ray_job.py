@@ -25,6 +25,7 @@ import time
 
 from pivot_assets.core.config import PivotConfig
 from pivot_assets.core.parallel import process_started_at
+from pivot_assets.core.warehouse import HOLD_AFTER_PART_ENV
 from pivot_assets.shared import Shared, resolve_shared
 
 from .profiler import Profiler, policy_model, turn_chunks
@@ -32,9 +33,10 @@ from .shards import shard_data_version, shard_row_count
 
 ENTRYPOINT = "python -m pivot_assets.profiling.ray_job"
 # Environment the job's processes need from the submitter's: offline model loading, where converted models are
-# cached, torch threads. Credentials are not forwarded (a Ray job's runtime_env is visible in the dashboard).
+# cached, torch threads, a kill test's hold point. Credentials are not forwarded (a Ray job's runtime_env is visible
+# in the dashboard).
 FORWARDED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "PIVOT_CACHE_DIR",
-                 "PIVOT_TORCH_THREADS", "TOKENIZERS_PARALLELISM")
+                 "PIVOT_TORCH_THREADS", "TOKENIZERS_PARALLELISM", HOLD_AFTER_PART_ENV)
 
 
 def job_metadata(cfg: PivotConfig, shard: int | None) -> dict[str, str]:

@@ -1,5 +1,7 @@
 """Shards through Ray, for real: a single-node Ray head started here on 127.0.0.1 (free ports, stopped after),
-shard runs that submit Ray jobs through dagster-ray's PipesRayJobClient, the embedded policy in Ray Data actors.
+shard runs that submit Ray jobs through dagster-ray's PipesRayJobClient, the tiny test policy in Ray Data actors.
+A killed run is held after its first rollouts part (PIVOT_HOLD_AFTER_PART, forwarded to the jobs), so the kill
+lands mid-table whatever the model's speed; its rerun is not held.
 
 Covers: 4 shards profiled through Ray (two shard runs in flight at once) give exactly turns x K rows with no
 duplicate key; a verifier change re-scores every shard without generating; the pivot sets read every shard;
@@ -23,6 +25,7 @@ import duckdb
 import pytest
 
 from pivot_jobs.cli import main as pivot
+from pivot_assets.core.warehouse import HOLD_AFTER_PART_ENV
 from pivot_assets.profiling.shards import shard_of
 from pivot_jobs.supervisor import ORPHAN_GRACE_S
 from tests.crashes import kill_parent_mid_run, kill_run_after_first_part, still_alive, wait_for
@@ -30,8 +33,9 @@ from tests.crashes import kill_parent_mid_run, kill_run_after_first_part, still_
 from .conftest import (INGEST, K, PROFILING, assert_exactly_turns_x_k, expected_rows, make_project, materializations, project_warehouse,
                        rollout_rows)
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.scenario
 SHARDS = 4
+HELD = {HOLD_AFTER_PART_ENV: "rollouts"}  # a killed run's processes stop after their first rollouts part
 
 
 # -- 4 shards through Ray, then a verifier change, then the pivot sets ------------------------------------------
@@ -140,16 +144,16 @@ def _alive_actors(dashboard: str, job_id: str | None) -> list:
     return list_actors(address=dashboard, filters=[("job_id", "=", job_id), ("state", "!=", "DEAD")])
 
 
-def test_kill_9_of_a_shard_job_mid_write_then_rerun(tmp_path, ray_head, in_project):
+def test_kill_9_of_a_shard_job_mid_write_then_rerun(tmp_path, ray_head, in_project, tiny_model_dir):
     limit = 12
     root = in_project(make_project(tmp_path / "kill", ray_head, shards=2, limit_turns=limit, batch_rows=2,
-                                   max_new_tokens=16))
+                                   model=tiny_model_dir))
     assert pivot(["run", "--select", INGEST]) == 0
     expected = expected_rows(project_warehouse(root), 2, limit)
     shard = max(expected, key=expected.get)  # the bigger shard: more parts to kill between
     argv = [sys.executable, "-m", "pivot_jobs.cli", "run", "--in-process", "--shard", f"{shard:03d}",
             "--select", "rollouts"]
-    proc = subprocess.Popen(argv, env={**os.environ, "PIVOT_SUPERVISED": "1"})
+    proc = subprocess.Popen(argv, env={**os.environ, "PIVOT_SUPERVISED": "1", **HELD})
     seen: dict = {}
 
     def writing() -> bool:  # the shard's job is running and has written some of its rows, not all
@@ -186,21 +190,22 @@ def _unfinished_jobs(dashboard: str, warehouse: str) -> list[str]:
             if (j.metadata or {}).get("pivot_warehouse") == warehouse and not j.status.is_terminal()]
 
 
-def _killable_project(root: Path, ray_head, limit: int) -> tuple[dict, list[str], object]:
-    """A 2-shard Ray project at `root` to kill mid-run: (env, `pivot run` argv, its warehouse)."""
-    make_project(root, ray_head, shards=2, limit_turns=limit, batch_rows=2, max_new_tokens=16)
+def _killable_project(root: Path, ray_head, limit: int, model: Path) -> tuple[dict, list[str], object]:
+    """A 2-shard Ray project at `root` to kill mid-run: (env of the rerun, `pivot run` argv, its warehouse); the
+    killed run's env adds HELD."""
+    make_project(root, ray_head, shards=2, limit_turns=limit, batch_rows=2, model=model)
     env = {**os.environ, "DAGSTER_HOME": str(root / "dagster_home")}
     env.pop("PIVOT_CONFIG", None)
     argv = [str(Path(sys.executable).parent / "pivot"), "run", "--select", f"{INGEST},{PROFILING}"]
     return env, argv, project_warehouse(root)
 
 
-def test_kill_9_of_pivot_run_leaves_no_process_and_a_rerun_completes(tmp_path, ray_head):
+def test_kill_9_of_pivot_run_leaves_no_process_and_a_rerun_completes(tmp_path, ray_head, tiny_model_dir):
     limit = 12
     root = tmp_path / "parent"
-    env, argv, wh = _killable_project(root, ray_head, limit)
-    # the rows are counted at the kill (the Ray jobs' actors write on until the shard runs stop them)
-    killed = kill_parent_mid_run(argv, lambda: rollout_rows(wh)[0] > 0, cwd=root, env=env,
+    env, argv, wh = _killable_project(root, ray_head, limit, tiny_model_dir)
+    # the rows are counted at the kill (the Ray jobs' actors hold after their first part until stopped)
+    killed = kill_parent_mid_run(argv, lambda: rollout_rows(wh)[0] > 0, cwd=root, env={**env, **HELD},
                                  at_kill=lambda: rollout_rows(wh)[0])
     assert killed.mid_run, "the run ended before its first part was seen"
     written, children = killed.at_kill, killed.descendants
@@ -225,15 +230,15 @@ def test_kill_9_of_pivot_run_leaves_no_process_and_a_rerun_completes(tmp_path, r
     assert rollout_rows(wh) == (limit * K, limit * K)
 
 
-def test_kill_9_of_everything_mid_run_then_rerun_stops_the_orphaned_jobs(tmp_path, ray_head):
+def test_kill_9_of_everything_mid_run_then_rerun_stops_the_orphaned_jobs(tmp_path, ray_head, tiny_model_dir):
     """kill -9 of `pivot run` and all its processes at once (a lost machine): nothing stops the Ray jobs or records
     the runs' end. The rerun marks those runs canceled, stops the orphaned jobs, and gives exactly turns x K."""
     from ray.job_submission import JobSubmissionClient
 
     limit = 12
     root = tmp_path / "all"
-    env, argv, wh = _killable_project(root, ray_head, limit)
-    assert kill_run_after_first_part(argv, lambda: rollout_rows(wh)[0] > 0, cwd=root, env=env).mid_run, \
+    env, argv, wh = _killable_project(root, ray_head, limit, tiny_model_dir)
+    assert kill_run_after_first_part(argv, lambda: rollout_rows(wh)[0] > 0, cwd=root, env={**env, **HELD}).mid_run, \
         "the run ended before its first part was seen"
     orphans = _unfinished_jobs(ray_head.dashboard, str(wh.root))
     assert orphans, "no Ray job outlived the kill: make the test input larger"
