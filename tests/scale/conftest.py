@@ -3,6 +3,7 @@ store's credentials in its environment, a project dir to run `pivot` in, and wha
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -16,23 +17,41 @@ from tests.s3_store import s3_credentials_env
 from .ray_head import start_ray_head
 
 
-def _head(request, env: dict[str, str] | None = None):
-    head = start_ray_head(num_cpus=2, env=env)
+@pytest.fixture(scope="session")
+def ray_head(request, s3_server):
+    """One Ray head for every Ray test of the run (a head takes 12-22 s to start), its environment (so every
+    worker's and job driver's) holding the AWS variables of the test store: jobs write to an s3:// warehouse
+    without any credential in their runtime_env or metadata; a local warehouse never reads them. Each test that
+    uses it must leave it clean (`_ray_head_left_clean`)."""
+    head = start_ray_head(num_cpus=2, env=s3_credentials_env(s3_server))
     request.addfinalizer(head.stop)
     print(f"ray head up in {head.start_s:.1f} s at {head.dashboard}")
     return head
 
 
-@pytest.fixture(scope="module")
-def ray_head(request):
-    return _head(request)
+@pytest.fixture(autouse=True)
+def _ray_head_left_clean(request):
+    """After a test on the shared head: no job of it still running and no actor alive, so the next test starts on
+    an idle head (a test that kills a job waits for Ray to mark it ended; this checks that it did)."""
+    yield
+    if "ray_head" in request.fixturenames:
+        leftovers = ray_head_leftovers(request.getfixturevalue("ray_head").dashboard)
+        assert leftovers == ([], []), f"left on the shared Ray head (jobs not ended, actors alive): {leftovers}"
 
 
-@pytest.fixture(scope="module")
-def ray_head_s3(request, s3_server):
-    """A Ray head whose environment (so every worker's and job driver's) holds the AWS variables of the test
-    store: jobs write to S3 without any credential in their runtime_env or metadata."""
-    return _head(request, s3_credentials_env(s3_server))
+def ray_head_leftovers(dashboard: str, wait_s: float = 60) -> tuple[list[str], list[str]]:
+    """(jobs not in a terminal state, actors not dead) on the head, after waiting up to `wait_s` for them to end
+    (Ray marks a stopped job ended once its supervisor has reaped the driver, which takes a moment under load)."""
+    from ray.job_submission import JobSubmissionClient
+    from ray.util.state import list_actors
+
+    client, deadline = JobSubmissionClient(dashboard), time.monotonic() + wait_s
+    while True:
+        jobs = [j.submission_id for j in client.list_jobs() if not j.status.is_terminal()]
+        actors = [a.actor_id for a in list_actors(address=dashboard, filters=[("state", "!=", "DEAD")])]
+        if (not jobs and not actors) or time.monotonic() > deadline:
+            return jobs, actors
+        time.sleep(0.5)
 
 
 @pytest.fixture

@@ -44,8 +44,9 @@ class RayHead:
 
 
 def start_ray_head(num_cpus: int = 2, timeout: float = 180, env: dict[str, str] | None = None,
-                   nice: int = 19, venv_on_path: bool = True, without: tuple[str, ...] = ()) -> RayHead:
-    """`nice`: the niceness of the head and every worker it starts (19: the tests yield to the rest of the box).
+                   nice: int = 0, venv_on_path: bool = True, without: tuple[str, ...] = ()) -> RayHead:
+    """`nice`: the niceness of the head and every worker it starts (0: the Ray tests are the suite's critical path,
+    so they do not yield to the tests beside them).
     `env`: added to the head's environment, which every Ray worker and job driver on it inherits (a job's
     runtime_env, by contrast, is visible to anyone who can list the cluster's jobs). `venv_on_path` False starts
     this venv's `ray` with the venv off PATH (a job's `python` is then another one); `without`: variables removed."""
