@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM := false
 # Material for MkDocs prints a multi-line notice on every build without it.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup setup-vllm setup-gpu setup-browser demo test ui docs docs-check config-reference bench clean
+.PHONY: setup setup-vllm setup-gpu setup-browser demo test test-fast ui docs docs-check config-reference bench clean
 
 setup: $(VENV)/.installed
 
@@ -79,6 +79,11 @@ test: setup
 	$(MAKE) --no-print-directory docs-check
 	$(PY) -m pytest -q -x -rs --durations=20 -n $(TEST_WORKERS)
 	$(VENV)/bin/mkdocs build --strict -q
+
+# The inner loop: every test that starts no real server, process or model (the `scenario` marker, tests/conftest.py).
+test-fast: setup
+	$(VENV)/bin/ruff check --select F pivot_assets pivot_jobs tests bench definitions.py
+	$(PY) -m pytest -q -x -rs -m "not scenario" -n $(TEST_WORKERS)
 
 ui: setup
 	$(VENV)/bin/pivot ui

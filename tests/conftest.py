@@ -28,7 +28,7 @@ except ImportError:  # torch-free test runs still work
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 # the S3 store (SeaweedFS) fixtures, shared by the storage and the scale tests
-pytest_plugins = ["tests.s3_store"]
+pytest_plugins = ["tests.s3_store", "tests.timings"]
 
 
 @pytest.fixture(scope="session")
@@ -78,42 +78,76 @@ def shared_data_dir() -> Path:
 # workers plus a vLLM engine plus a long SFT exceed 24 GB); every other module is a unit of its own, so its
 # module-scoped fixtures are built once.
 EXCLUSIVE_UNIT = "exclusive"
-EXCLUSIVE_DIRS = ("tests/scale/",)
-EXCLUSIVE_MODULES = ("tests/gpu/test_devices.py", "tests/policies/test_policies.py", "tests/policies/test_vllm.py",
-                     "tests/training/test_vllm_rollout.py",
+EXCLUSIVE_MODULES = ("tests/policies/test_vllm.py", "tests/training/test_vllm_rollout.py",
                      "tests/profiling/test_vllm_rollouts.py")
+EXCLUSIVE_PREFIX = "tests/scale/test_ray_"  # every module that starts a Ray head
+# Seconds per unit of work, measured (bench/bench_tests.py --unit-seconds writes it): the exclusive unit is handed
+# out first, then the others longest first, so the worker beside it ends when it does. A unit not listed yet counts
+# as DEFAULT_UNIT_S.
+UNIT_SECONDS = Path(__file__).with_name("unit_seconds.json")
+DEFAULT_UNIT_S = 5.0
+# A test is a `scenario` (not in `make test-fast`) when it is in the exclusive unit, needs vLLM, or uses one of these
+# fixtures (each starts a real server); tests that start their own server or process carry the mark themselves.
+SCENARIO_FIXTURES = {"ray_head", "s3_server", "postgres"}
 
 
 def unit_of(nodeid: str) -> str:
     """The unit of work a test belongs to (its module, or the exclusive unit)."""
     module = nodeid.split("::", 1)[0]
-    return EXCLUSIVE_UNIT if module.startswith(EXCLUSIVE_DIRS) or module in EXCLUSIVE_MODULES else module
+    return EXCLUSIVE_UNIT if module.startswith(EXCLUSIVE_PREFIX) or module in EXCLUSIVE_MODULES else module
+
+
+def unit_seconds() -> dict[str, float]:
+    import json
+
+    return json.loads(UNIT_SECONDS.read_text()) if UNIT_SECONDS.is_file() else {}
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_make_scheduler(config, log):
     """xdist's scope scheduling with unit_of as the scope (its own xdist_group marks no longer reach the scheduler
-    under pytest 9, whose node ids ignore the suffix xdist writes)."""
+    under pytest 9, whose node ids ignore the suffix xdist writes), handing out the exclusive unit first and then
+    the longest unit left (longest-processing-time-first: the workers end close together)."""
     from xdist.scheduler import LoadScopeScheduling
+
+    seconds = unit_seconds()
+
+    def priority(unit: str) -> tuple[bool, float]:
+        return unit == EXCLUSIVE_UNIT, seconds.get(unit, DEFAULT_UNIT_S)
 
     class UnitScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return unit_of(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            if self.workqueue:
+                self.workqueue.move_to_end(max(self.workqueue, key=priority), last=False)
+            super()._assign_work_unit(node)
 
     return UnitScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
     _check_vllm_modules_are_exclusive(items)
+    _mark_scenarios(items)
     _skip_vllm_where_missing(items)
 
 
 def _check_vllm_modules_are_exclusive(items) -> None:
-    """The scheduler sees node ids only, not marks: a module with a `vllm` test must be listed above."""
-    loose = sorted({i.nodeid.split("::", 1)[0] for i in items if i.get_closest_marker("vllm")} -
+    """The scheduler sees node ids only, not marks: a module with a `vllm` test that can run here (not `gpu`, which
+    skips without CUDA and has a GPU's memory to itself) must be listed above."""
+    loose = sorted({i.nodeid.split("::", 1)[0] for i in items
+                    if i.get_closest_marker("vllm") and not i.get_closest_marker("gpu")} -
                    {i.nodeid.split("::", 1)[0] for i in items if unit_of(i.nodeid) == EXCLUSIVE_UNIT})
     if loose:
         raise pytest.UsageError(f"vLLM tests outside the exclusive unit (tests/conftest.py EXCLUSIVE_MODULES): {loose}")
+
+
+def _mark_scenarios(items) -> None:
+    for item in items:
+        if (unit_of(item.nodeid) == EXCLUSIVE_UNIT or item.get_closest_marker("vllm")
+                or SCENARIO_FIXTURES & set(item.fixturenames)):
+            item.add_marker(pytest.mark.scenario)
 
 
 def _skip_vllm_where_missing(items) -> None:

@@ -184,7 +184,7 @@ def test_state_errors_are_clear(worlds):
         responses_items([_m("robot", "hi")])
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_hf_export_feeds_grpo_trainer_unchanged(worlds, tmp_path, tiny_model_dir):
     """load_from_disk -> GRPOTrainer(train_dataset=...) -> one optimizer step, no column edits. The dataset's plumbing
     is under test, not the model: the tiny random-weight policy (tests/tiny_model.py) stands in for it."""

@@ -72,7 +72,7 @@ def test_unknown_kind_is_a_clear_error():
         is_correct(_item("poetry", "x"), "x")
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_ood_accuracy_runs_greedy_and_reports_details(tiny_model_dir):
     items = [it for it in ood_probe_items() if it["kind"] == "fact"][:3]
     details: list = []
@@ -94,7 +94,7 @@ def _pivot(i: int, order_id: str) -> dict:
                                          {"role": "user", "content": f"Where is my order {order_id}?"}]}
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_local_accuracy_on_two_pivots(tiny_model_dir):
     pivots = [_pivot(0, "A1"), _pivot(1, "B2")]
     out = local_accuracy(str(tiny_model_dir), pivots, DomainVerifiers(None), k=2, max_new_tokens=24, seed=0)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.scenario
 
 
 def test_the_gpu_check_runs_its_cpu_slice(tmp_path, tiny_model_dir):

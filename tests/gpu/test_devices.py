@@ -17,7 +17,7 @@ import pytest
 from pivot_assets.core.config import PolicySection, SFTSection, TrainingSection
 from pivot_assets.core.hardware import resolve_dtype
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.scenario
 
 
 def _cuda() -> bool:

@@ -103,7 +103,7 @@ def test_airline_tools_cover_every_tool_the_sample_calls(shared_data_dir):
     assert called <= names and len(names) == 14
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_tau2_sample_profiled_with_airline_tools(shared_data_dir, tmp_path, monkeypatch, tiny_model_dir):
     from pivot_assets.policies.models import load_tokenizer, render_prompt
     from pivot_jobs.cli import main as pivot

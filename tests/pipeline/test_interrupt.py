@@ -60,7 +60,7 @@ def _rollouts(wh: Path) -> tuple[int, int]:
                                 f"from read_parquet('{wh / 'rollouts' / 'part-*.parquet'}')").fetchone()
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 @pytest.mark.parametrize("grace", [CLEAN_GRACE_S, "0"], ids=["clean-stop", "killed"])
 def test_sigterm_stops_pivot_run_and_a_rerun_resumes(tmp_path, tiny_model_dir, grace, monkeypatch):
     config, env = _project(tmp_path, tiny_model_dir)

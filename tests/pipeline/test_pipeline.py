@@ -95,6 +95,7 @@ def test_ingest_and_turns_on_shared_data(project, shared_data_dir, capsys):
     assert json.loads(capsys.readouterr().out.strip()) == {"n": n_turns}
 
 
+@pytest.mark.scenario
 def test_stale_tracks_inputs_and_run_stale_materializes_only_those(project, tmp_path, capsys):
     data = tmp_path / "data"
     data.mkdir()

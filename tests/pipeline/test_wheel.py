@@ -39,7 +39,7 @@ def test_wheel_ships_sql_and_contracts_and_no_top_level_definitions(wheel):
     assert not [n for n in names if n.split("/")[0] in ("definitions.py", "sql", "data_contracts", "tests")]
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_installed_wheel_runs_pivot_sql_and_check_outside_the_repo(wheel, tmp_path):
     # No PYTHONPATH anywhere: with the repo on it, pip would find the source tree's egg-info and install nothing.
     env = {k: v for k, v in os.environ.items() if k not in ("PIVOT_CONFIG", "PYTHONPATH")}

@@ -126,6 +126,7 @@ def project(tmp_path, monkeypatch):
     return write
 
 
+@pytest.mark.scenario
 def test_pivot_run_profiles_a_hub_model_from_the_cache(hf_home, project, capsys):
     project(REPO_ID)
     assert pivot(["run", "--select", "*turn_profiles"]) == 0, capsys.readouterr().err[-2000:]

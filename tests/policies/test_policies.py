@@ -152,7 +152,7 @@ def _run(backend, sampling):
     return batches, [s for b in batches for s in b]
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_sample_counts_shapes_and_determinism(backend):
     assert backend.tokenizer.chat_template == TOOL_CHAT_TEMPLATE and backend.tokenizer.pad_token is not None
     sampling = SamplingConfig(k=3, temperature=1.0, max_new_tokens=3, seed=7)
@@ -173,7 +173,7 @@ def test_sample_counts_shapes_and_determinism(backend):
     assert [s.completion for s in other_seed] != [s.completion for s in samples]
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_kept_prompts_serve_a_later_round_without_prefill_and_draw_the_same_samples(embedded_model_dir):
     """keep_prompts (adaptive rounds): a turn sampled again in a later call reuses its prompt's KV (no prefill) and
     draws exactly the samples a backend without kept prompts draws for the same (turn, sample index, seed) rows."""
@@ -230,7 +230,7 @@ def test_prefix_reuse_counts_and_matches_fresh_prefill(backend):
         assert torch.allclose(k1, k2, atol=1e-3) and torch.allclose(v1, v2, atol=1e-3)
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_batched_greedy_decode_matches_generate(backend):
     """Left-padded batch of two prompts of different lengths == HF generate on each prompt alone."""
     sampling = SamplingConfig(k=2, temperature=0.0, max_new_tokens=6)
@@ -248,7 +248,7 @@ def test_batched_greedy_decode_matches_generate(backend):
         assert got == [want, want]
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_per_row_seeds_draw_what_one_call_per_sample_draws(backend):
     """The Ray engine's seeding: sample i of a turn is drawn under its own seed. One call with a generator per row
     (one prefill per turn, the rows decoded together) gives the completions of one K=1 call per seed, also when a
@@ -273,7 +273,7 @@ def test_per_row_seeds_draw_what_one_call_per_sample_draws(backend):
     assert len({one_by_one[("a2", i)] for i in seeds}) > 1  # the seeds really draw different samples
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_expert_likelihood_equals_direct_teacher_forcing_and_leaves_the_samples_alone(backend, temperature):
     """The expert action's log-likelihood from the prefill equals one forward over prompt + action (position j-1's

@@ -19,7 +19,7 @@ from pivot_assets.policies.factory import build_backend
 from pivot_assets.policies.openai_backend import OpenAIBackend
 from tests.model_server import transformers_serve
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.scenario
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                                                           "required": ["city"]}}}]

@@ -122,7 +122,7 @@ def test_embedded_template_only_for_the_embedded_model(embedded_model_dir, qwen_
     assert "SmolLM" in render_prompt(load_tokenizer("embedded"), state, TOOLS)
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 @pytest.mark.parametrize("chat_template,thinking", [("model", "off"), ("embedded", "keep")])
 def test_prompts_identical_across_profiling_sft_grpo_evaluation(qwen_dir, chat_template, thinking):
     from datasets import Dataset

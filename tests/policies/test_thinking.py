@@ -40,7 +40,7 @@ def test_budget_needs_the_transformers_backend():
         build_backend({"backend": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m", "thinking_budget": 8})
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_budget_closes_thoughts_that_would_be_truncated(embedded_model_dir, tmp_path):
     """With a template that opens <think>, the 135M model never closes it: every sample is TRUNCATED. A budget
     forces </think> after N thought tokens, so the samples end their thought and the verifier sees an answer."""

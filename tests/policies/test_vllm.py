@@ -27,7 +27,7 @@ from tests.model_server import VLLM_TEST_ENGINE, vllm_serve
 
 from .test_templates import MESSAGES, PIVOT_INDEX, QWEN_LIKE, TOOLS, model_dir_with_template
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+pytestmark = [pytest.mark.scenario, pytest.mark.vllm]
 STORED_TOOLS = json.loads(canonical_json(TOOLS))  # as the trajectories table stores them (keys sorted)
 SAMPLING = SamplingConfig(k=3, temperature=1.0, max_new_tokens=12, seed=7)
 

@@ -20,7 +20,7 @@ from pivot_assets.profiling.profiler import Profiler, generation_requests, sampl
 from pivot_assets.verifiers import DomainVerifiers
 from tests.crashes import kill_run_after_first_part
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.scenario
 VENV_BIN = Path(sys.executable).parent
 K, TURNS = 6, 6
 # tool_name accepting any reply: the zero-shot model passes some turns every time and fails others every time, so

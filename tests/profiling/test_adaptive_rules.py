@@ -169,6 +169,7 @@ def test_waves_take_the_rounds_samples_under_the_exact_rule_in_full_calls():
     assert rounds_calls == sorted(rounds_calls, reverse=True) and rounds_calls[0] == 800  # the rounds' calls shrink
 
 
+@pytest.mark.scenario
 def test_posterior_waves_end_settled_under_the_reported_prior_and_keep_the_error_rate():
     """Decisions are taken under a prior refitted as first rounds arrive; at the end every turn is settled under the
     prior fitted on all first rounds (the one turn_profiles reports), so a turn never takes fewer samples than the
@@ -220,6 +221,7 @@ def test_the_stream_takes_the_rounds_samples_under_the_exact_rule_with_the_engin
     assert all(i == list(range(len(i))) for i in written.values())
 
 
+@pytest.mark.scenario
 def test_posterior_stream_ends_settled_under_the_reported_prior_and_keeps_the_error_rate():
     """As the waves: decisions under a prior refitted as first chunks come in; at the end every turn is settled
     under the prior fitted on all first rounds, no turn has fewer samples than the rounds give it, and the error

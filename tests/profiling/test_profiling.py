@@ -11,7 +11,7 @@ import pytest
 from pivot_jobs.cli import main as pivot
 from tests.crashes import kill_run_after_first_part
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.scenario
 VENV_BIN = Path(sys.executable).parent
 K = 2
 TURNS = 6

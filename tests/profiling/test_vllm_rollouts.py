@@ -16,7 +16,7 @@ import pytest
 from tests.crashes import kill_parent_mid_run, still_alive
 from tests.model_server import VLLM_TEST_ENGINE
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+pytestmark = [pytest.mark.scenario, pytest.mark.vllm]
 VENV_BIN = Path(sys.executable).parent
 K, LIMIT = 2, 6
 

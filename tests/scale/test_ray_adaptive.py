@@ -22,7 +22,7 @@ from tests.crashes import kill_run_after_first_part
 
 from .conftest import INGEST, PROFILING, materializations
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.scenario
 VENV_BIN = Path(sys.executable).parent
 SHARDS, LIMIT, K = 2, 8, 6
 

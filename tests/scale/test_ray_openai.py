@@ -24,7 +24,7 @@ from .conftest import (
     shard_jobs,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.scenario
 SHARDS = 2
 LIMIT = 6
 

@@ -17,7 +17,7 @@ from pivot_jobs.cli import main as pivot
 from .conftest import INGEST, make_project
 from .ray_head import start_ray_head
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.scenario
 
 
 def _head(request, **kw):

@@ -15,7 +15,7 @@ from tests.model_server import VLLM_TEST_ENGINE
 
 from .conftest import INGEST, K, assert_exactly_turns_x_k, materializations, project_warehouse
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+pytestmark = [pytest.mark.scenario, pytest.mark.vllm]
 SHARDS, LIMIT = 2, 6
 
 

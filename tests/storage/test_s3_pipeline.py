@@ -22,7 +22,7 @@ from tests.crashes import kill_run_after_first_part
 
 from tests.s3_store import assert_no_credentials
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.scenario
 VENV_BIN = Path(sys.executable).parent
 K = 2
 TURNS = 6

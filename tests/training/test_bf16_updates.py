@@ -46,7 +46,7 @@ def _assert_same_movement(fp32: tuple[float, float], bf16: tuple[float, float]) 
     assert 1 / NORM_FACTOR < bf16[1] / fp32[1] < NORM_FACTOR, (fp32, bf16)
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_grpo_in_bf16_moves_the_parameters_as_fp32_does(tiny_model_dir, initial, tmp_path):
     from datasets import Dataset
 
@@ -69,7 +69,7 @@ def test_grpo_in_bf16_moves_the_parameters_as_fp32_does(tiny_model_dir, initial,
     _assert_same_movement(moved["float32"], moved["bfloat16"])
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_sft_in_bf16_moves_the_parameters_as_fp32_does_and_bf16_storage_would_not(tiny_model_dir, initial,
                                                                                   tmp_path):
     import torch

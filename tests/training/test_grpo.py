@@ -132,7 +132,7 @@ def test_template_and_canonical_tool_calls_normalize_alike():
 # -- a real run -----------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_two_step_grpo_run_rewards_come_from_the_verifier(tiny_model_dir, tmp_path):
     from pivot_assets.training.grpo import run_grpo
     from pivot_assets.policies.models import TOOL_CHAT_TEMPLATE, load_model

@@ -111,7 +111,7 @@ def _mean_loss(model, examples) -> float:
         return float(model(**_collate(examples, 0)).loss)
 
 
-@pytest.mark.slow
+@pytest.mark.scenario
 def test_two_steps_lower_loss_and_round_trip(tiny_model_dir, tokenizer, tmp_path):
     examples = build_sft_examples([shop_trajectory("E5", "shipped"), shop_trajectory("F6", "late")],
                                   tokenizer, max_length=512)

@@ -91,6 +91,7 @@ def test_rows_of_different_prompts_take_trls_path(trainer):
     assert trainer.shared_prompt_counts == {"shared": before["shared"], "unshared": before["unshared"] + 2}
 
 
+@pytest.mark.scenario
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_a_grpo_run_scores_its_groups_with_the_prompt_once(checkpointing, tiny_model_dir, tmp_path):
     from pivot_assets.training.grpo import run_grpo

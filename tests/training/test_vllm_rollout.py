@@ -18,7 +18,7 @@ from tests.model_server import VLLM_TEST_ENGINE
 
 from .test_grpo import VERIFIERS, tiny_dataset
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+pytestmark = [pytest.mark.scenario, pytest.mark.vllm]
 FP32 = Precision("float32", "float32", "cpu", "explicit")
 OPTIONS = TrainingSection(steps=3, num_generations=2, max_completion_length=12, eval_fraction=0.0,
                           learning_rate=1e-3)  # large: each step moves the weights visibly

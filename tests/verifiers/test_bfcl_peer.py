@@ -42,6 +42,7 @@ def test_every_kind_of_change_is_generated(cases):
     assert {c.item.category for c in cases} == set(bfcl_peer.CATEGORIES)
 
 
+@pytest.mark.scenario
 @pytest.mark.parametrize("strings", ["exact", "bfcl"])
 def test_no_disagreement_outside_the_documented_policies(comparisons, strings):
     comparison = comparisons[strings]
@@ -49,6 +50,7 @@ def test_no_disagreement_outside_the_documented_policies(comparisons, strings):
     assert set(comparison.explained) <= set(bfcl_peer.POLICIES)
 
 
+@pytest.mark.scenario
 def test_agreement_with_bfcl_strings_and_acceptable(cases, comparisons):
     comparison = comparisons["bfcl"]
     same_rule = [i for i, c in enumerate(cases) if c.kind != "float for int"]
@@ -65,6 +67,7 @@ def test_listed_values_need_acceptable(cases):
     assert sum(s.reward == 1.0 for s in reference_only) < len(listed) / 2
 
 
+@pytest.mark.scenario
 def test_wrong_values_bfcl_rejects_are_never_paid(cases, comparisons):
     """The issue's false accepts (ids off by one, 1e-7 vs 2e-7, one word of a name) are gone."""
     for strings, comparison in comparisons.items():
