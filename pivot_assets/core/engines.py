@@ -49,8 +49,8 @@ ENGINES = {
 }
 BACKENDS = tuple(ENGINES)
 AUTO = "auto"
-# What `auto` tries for a local model, fastest first: vLLM generated 5.8x the transformers backend's samples per
-# second on a 2-core CPU (bench/RESULTS_profiling.md), more on a GPU.
+# What `auto` tries for a local model, fastest first: once started, vLLM profiled 1.35x faster than the transformers
+# backend on a 2-core CPU (bench/RESULTS_adaptive_engines.md), more on a GPU.
 AUTO_LOCAL_ORDER = ("vllm", "transformers")
 
 

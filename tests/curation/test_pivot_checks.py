@@ -2,6 +2,9 @@
 blocking data contract fail so the downstream asset is not materialized."""
 
 
+import shutil
+from pathlib import Path
+
 import dagster as dg
 import duckdb
 import polars as pl
@@ -16,16 +19,32 @@ from pivot_assets.core.warehouse import Warehouse
 PIVOT_ASSETS = ["pivots_mixed", "pivots_adv", "pivots_cand", "pivot_selection_log", "pivot_dataset"]
 
 
+CONFIG = "warehouse: ./wh\nsample: {n_trajectories: 12, seed: 5}\npolicy: {model: embedded}\ntraining: {init: reference}\n"
+
+
+@pytest.fixture(scope="module")
+def ingested(tmp_path_factory) -> Path:
+    """The embedded sample's trajectories and turns, ingested once for the module; each test copies the warehouse
+    (a moved warehouse reads the same)."""
+    root = tmp_path_factory.mktemp("ingested")
+    (root / "pivot.yaml").write_text(CONFIG)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DAGSTER_HOME", str(root / "dagster_home"))
+        mp.delenv("PIVOT_CONFIG", raising=False)
+        mp.chdir(root)
+        assert pivot(["run", "--select", "trajectories,turns"]) == 0
+    return root / "wh"
+
+
 @pytest.fixture
-def warehouse(tmp_path, monkeypatch):
-    """A warehouse with real turns (embedded sample) and hand-made profiles: K=4 binary rewards per turn."""
+def warehouse(ingested, tmp_path, monkeypatch):
+    """A copy of the ingested warehouse (real turns) with hand-made profiles: K=4 binary rewards per turn."""
+    (tmp_path / "dagster_home").mkdir()
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
     monkeypatch.delenv("PIVOT_CONFIG", raising=False)
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "pivot.yaml").write_text(
-        "warehouse: ./wh\nsample: {n_trajectories: 12, seed: 5}\npolicy: {model: embedded}\ntraining: {init: reference}\n"
-    )
-    assert pivot(["run", "--select", "trajectories,turns"]) == 0
+    (tmp_path / "pivot.yaml").write_text(CONFIG)
+    shutil.copytree(ingested, tmp_path / "wh")
     wh = Warehouse(tmp_path / "wh")
     turns = wh.read("turns").sort("turn_id").to_dicts()
     write_profiles(wh, turns)
