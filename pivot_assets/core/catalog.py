@@ -117,8 +117,10 @@ EARLY_STOPS = ("settled", "posterior")  # stopped before k because the rule vouc
 SKIPPED_TURNS = "skipped_turns"
 SKIPPED_TURNS_SCHEMA = pa.schema([("turn_id", pa.string()), ("trajectory_id", pa.string()), ("reason", pa.string()),
                                   ("n_prompt_tokens", pa.int64()), ("max_prompt_tokens", pa.int64())])
+# rule: the selection rule in force (pivots.rule), the same on every row of one selection
 SELECTION_LOG_SCHEMA = pa.schema(
-    [("turn_id", pa.string()), ("set", pa.string()), ("kept", pa.bool_()), ("reason", pa.string())]
+    [("turn_id", pa.string()), ("set", pa.string()), ("kept", pa.bool_()), ("reason", pa.string()),
+     ("rule", pa.string())]
 )
 
 # Refresh rounds (refresh/rounds.py): one row per (round, turn of the pool). policy_fp: the round's policy (the

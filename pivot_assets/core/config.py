@@ -25,6 +25,11 @@ from pivot_assets.core.identity import MOVED_TO_EVALUATION, REFRESH
 
 Dtype = Literal["auto", "float32", "bfloat16"]
 LAMBDA_DIFF = 0.6  # pivots.lambda_diff's default: the one source (contracts and the profiler's defaults read it)
+# The selection rules that decide D_adv (curation/selection.py defines them), each with the field holding its
+# parameter. pivotrl is the default: the rule the pivot sets had before there was a choice.
+SELECTION_RULES = {"pivotrl": "lambda_diff", "band": "band", "variance_top_p": "top_p", "std_min": "min_std"}
+DEFAULT_RULE = "pivotrl"
+BAND, TOP_P, MIN_STD = (0.2, 0.8), 0.5, 0.3  # the rule parameters' defaults
 STATE_DIR = ".warehouse-state"  # beside the config: the local state of s3:// warehouses, one dir per bucket/prefix
 
 
@@ -234,8 +239,23 @@ class ProfilingSection(_Strict):
 class PivotsSection(_Strict):
     """Pivot selection: which profiled turns become the pivot sets (mixed, adv, cand)."""
 
+    rule: Annotated[Literal[tuple(SELECTION_RULES)], In(PIVOTS)] = Field(DEFAULT_RULE, description=(
+        "The rule that picks the adv set from the mixed turns (reward_var > 0): pivotrl (reward mean <= "
+        "lambda_diff; PivotRL) | band (band[0] < reward mean < band[1]; verl #2791, OpenRLHF "
+        "dynamic_filtering_range) | variance_top_p (the highest-variance mixed turns holding top_p of their total "
+        "variance; RAGEN-2) | std_min (reward std >= min_std; OpenRLHF #1270, for continuous rewards). Adaptive "
+        "profiling settles turns on lambda_diff, so it takes pivotrl only."))
     lambda_diff: Annotated[float, In(PIVOTS)] = Field(LAMBDA_DIFF, ge=0.0, le=1.0, description=(
-        "The adv set keeps mixed turns whose reward mean is at most this (the paper's lambda_diff)."))
+        "The adv set keeps mixed turns whose reward mean is at most this (the paper's lambda_diff; rule pivotrl)."))
+    band: Annotated[list[Annotated[float, Field(ge=0.0, le=1.0)]], In(PIVOTS)] = Field(
+        list(BAND), min_length=2, max_length=2, description=(
+            "rule band: the adv set keeps mixed turns whose reward mean lies strictly between these two ends "
+            "[low, high] (0 <= low < high <= 1)."))
+    top_p: Annotated[float, In(PIVOTS)] = Field(TOP_P, gt=0.0, le=1.0, description=(
+        "rule variance_top_p: the adv set is the smallest prefix of the mixed turns, ranked by reward variance, "
+        "that holds this share of their total variance."))
+    min_std: Annotated[float, In(PIVOTS)] = Field(MIN_STD, ge=0.0, description=(
+        "rule std_min: the adv set keeps mixed turns whose reward std is at least this."))
     max_per_trajectory: Annotated[int | None, In(PIVOTS)] = Field(None, ge=1, description=(
         "At most this many pivots per trajectory; null: no cap."))
     cand_size: Annotated[int | None, In(PIVOTS)] = Field(None, ge=0, description=(
@@ -250,6 +270,21 @@ class PivotsSection(_Strict):
             "Only turns whose expert action is of these kinds become candidates (e.g. [tool_call, "
             "tool_call_batch] keeps replies out of the pivot sets when no judge can check them); null: every "
             "kind."))
+
+    @field_validator("band")
+    @classmethod
+    def _band_is_an_interval(cls, band: list[float]) -> list[float]:
+        if band[0] >= band[1]:
+            raise ValueError(f"{band}: the low end must be below the high end ([low, high] within [0, 1])")
+        return band
+
+    def idle_rule_fields(self) -> set[str]:
+        """The rule fields that do not decide the sets under the rule in force: the other rules' parameters, and
+        `rule` itself under the default (core/identity.pivots_version leaves them out, so the pivot sets selected
+        before there was a choice of rule keep their code version)."""
+        own = SELECTION_RULES[self.rule]
+        idle = {field for field in SELECTION_RULES.values() if field not in (own, "lambda_diff")}
+        return idle | ({"rule"} if self.rule == DEFAULT_RULE else set())
 
 
 class TrainingSection(_Strict):
@@ -535,6 +570,16 @@ class PivotConfig(_Strict):
             raise ValueError("profiling.adaptive.scheduler stream drives the engine in the calling process; "
                              "with scale.engine ray use scheduler: waves")
         return self
+
+    @model_validator(mode="after")
+    def _adaptive_settles_pivotrl_only(self):
+        rule = self.pivots.rule
+        if not self.profiling.adaptive.enabled or rule == DEFAULT_RULE:
+            return self
+        why = ("its membership depends on every turn's variance, so it cannot be settled turn by turn"
+               if rule == "variance_top_p" else "adaptive stopping settles a turn on lambda_diff, not on this rule's bounds")
+        raise ValueError(f"pivots.rule {rule} with profiling.adaptive.enabled: {why}; use rule: pivotrl, or turn "
+                         "adaptive profiling off")
 
     @model_validator(mode="after")
     def _ray_seeds_per_sample(self):

@@ -80,8 +80,10 @@ def adaptive_identity(adaptive: BaseModel | None, lambda_diff: float) -> dict:
 
 
 def pivots_version(pivots: BaseModel) -> str:
-    """Code version of the pivot sets: the `pivots:` section."""
-    return fingerprint(values(pivots, PIVOTS))
+    """Code version of the pivot sets: the `pivots:` section, less the rule fields idle under the rule in force
+    (PivotsSection.idle_rule_fields: the default rule adds nothing, which keeps existing versions)."""
+    idle = pivots.idle_rule_fields()
+    return fingerprint({k: v for k, v in values(pivots, PIVOTS).items() if k not in idle})
 
 
 def sft_identity(sft: BaseModel, dtype: str) -> dict:

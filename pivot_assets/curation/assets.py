@@ -18,9 +18,9 @@ HF_EXPORT = "pivot_dataset"
 NEMO_EXPORT = "pivot_nemo_gym"
 PIVOT_SET_DOCS = {
     "pivots_mixed": "D_mixed: turns whose reference outcomes are mixed (reward_var > 0).",
-    "pivots_adv": "D_adv: mixed turns that are also hard (reward_mean <= lambda_diff).",
+    "pivots_adv": "D_adv: the mixed turns the selection rule in force keeps (pivots.rule; pivotrl: reward_mean <= lambda_diff).",
     "pivots_cand": "D_cand: a seeded random sample of candidate turns, the size of D_adv (the no-filter ablation).",
-    SELECTION_LOG: "Every (turn, set) decision with its reason: kept, zero_variance, too_easy, over caps, ...",
+    SELECTION_LOG: "Every (turn, set) decision with its reason (kept, zero_variance, too_easy, outside_band, over caps, ...) and the rule in force.",
 }
 
 

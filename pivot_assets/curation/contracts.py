@@ -40,14 +40,25 @@ from pivot_assets.core.catalog import (
     PIVOT_TABLES,
     RELATED_TABLES,
 )
-from pivot_assets.core.config import LAMBDA_DIFF
+from pivot_assets.core.config import BAND, DEFAULT_RULE, LAMBDA_DIFF, MIN_STD
 from pivot_assets.core.shapes import ROLES
 from pivot_assets.core.warehouse import connect_for
+from pivot_assets.curation.selection import adv_contract_bounds
 
 __all__ = ["BLOCKING_TABLES", "CONTRACT_TABLES", "ContractResult", "check_parquet", "contract_key", "load_suite_spec",
            "prewarm", "run_contract"]
 
-DEFAULT_PARAMS = {"lambda_diff": LAMBDA_DIFF, "policy_k": None}  # policy_k None: k has no upper bound
+
+
+def suite_params(params: dict) -> dict:
+    """The params with the D_adv bounds of the selection rule they name (selection.adv_contract_bounds: the
+    rule's one definition) as the suite's adv_* parameters."""
+    return {**params, **adv_contract_bounds(params)}
+
+
+# policy_k None: k has no upper bound; the rule's parameters are read under its own rule only
+DEFAULT_PARAMS = suite_params({"lambda_diff": LAMBDA_DIFF, "policy_k": None, "rule": DEFAULT_RULE, "band": list(BAND),
+                               "min_std": MIN_STD})
 SAMPLE_ROWS = 5  # failing rows shown per failed expectation
 GX_SAMPLE_ROWS = 500  # rows Great Expectations validates (plus every failing row found in SQL)
 MEMORY_LIMIT = "1GB"  # DuckDB's budget for a check; larger aggregates spill to disk
@@ -126,7 +137,8 @@ def run_contract(table: str, df: Any, *, related: dict[str, Any] | None = None, 
     """Validate a frame (polars, pyarrow or pandas) against data_contracts/<table>.json.
 
     related: the other tables the contract needs (RELATED_TABLES[table]); a missing one is an error.
-    params: suite parameters, e.g. {"lambda_diff": 0.6} for pivots_adv (DEFAULT_PARAMS fill the rest).
+    params: suite parameters, e.g. {"lambda_diff": 0.6} or {"rule": "band", "band": [0.2, 0.8]} for pivots_adv
+    (DEFAULT_PARAMS fill the rest).
     The frames are registered in DuckDB (no copy) and checked exactly as check_parquet checks files.
     """
     _known(table)
@@ -185,7 +197,7 @@ class _connection:
 
 
 def _check(con: duckdb.DuckDBPyConnection, table: str, params: dict | None) -> ContractResult:
-    params = {**DEFAULT_PARAMS, **(params or {})}
+    params = suite_params({**DEFAULT_PARAMS, **(params or {})})
     source_columns = _columns(con, "contract_source")
     related_columns = {name: _columns(con, f"related_{name}") for name in RELATED_TABLES.get(table, ())}
     con.execute(f"CREATE OR REPLACE TEMP VIEW checked AS {helper_view_sql(table, source_columns, related_columns)}")

@@ -6,7 +6,12 @@ Definitions (PivotRL, arXiv 2603.21383, section 3):
                    turns when min_k is None; and whose expert action is of one of `action_kinds` (every kind
                    when it is None). k may differ from turn to turn.
     pivots_mixed = candidates with reward_var > 0 (the reference policy's outcome is mixed)
-    pivots_adv   = candidates with reward_var > 0 and reward_mean <= lambda_diff (mixed and hard)
+    pivots_adv   = the mixed candidates the selection rule in force (`pivots.rule`) keeps:
+                     pivotrl         reward_mean <= lambda_diff (mixed and hard; PivotRL, the default)
+                     band            band[0] < reward_mean < band[1] (verl #2791, OpenRLHF dynamic_filtering_range)
+                     variance_top_p  ranked by reward_var (then the ranking below), the smallest prefix holding
+                                     top_p of their total variance (RAGEN-2)
+                     std_min         sqrt(reward_var) >= min_std (OpenRLHF #1270; for continuous rewards)
     pivots_cand  = a seeded random sample of candidates, len(pivots_adv) rows unless cand_size is set
                    (the no-filter ablation)
 
@@ -19,7 +24,8 @@ pivots_cand ranks by its seeded random order instead, so the caps keep a random 
 
 Nothing disappears silently: `selection_log` holds one row per (turn, set) with kept and the reason a
 row was dropped (not_profiled / turn_missing / below_min_k / action_kind_excluded / zero_variance / too_easy /
-over_trajectory_cap / over_domain_quota / not_sampled).
+outside_band / below_variance_mass / below_min_std / over_trajectory_cap / over_domain_quota / not_sampled), and
+the rule in force.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from __future__ import annotations
 import polars as pl
 
 from pivot_assets.core.catalog import PIVOT_SETS, SELECTION_LOG_SCHEMA, SET_TABLES, EARLY_STOPS  # noqa: F401  (SET_TABLES: the set -> table names)
-from pivot_assets.core.config import PivotsSection
+from pivot_assets.core.config import SELECTION_RULES, PivotsSection
 from pivot_assets.core.ids import seeded_digest
 
 REJECT_REASONS = (
@@ -38,6 +44,9 @@ REJECT_REASONS = (
     "action_kind_excluded",
     "zero_variance",
     "too_easy",
+    "outside_band",
+    "below_variance_mass",
+    "below_min_std",
     "over_trajectory_cap",
     "over_domain_quota",
     "not_sampled",
@@ -64,13 +73,12 @@ def select_pivots(profiles: pl.DataFrame, turns: pl.DataFrame, options: PivotsSe
 
     mixed_pool = _reject(candidates, pl.col("reward_var") > 0, "zero_variance", "mixed", log)
     mixed = _cap_and_rank(_rank_by_difficulty(mixed_pool), options, "mixed", log)
-    adv_pool = _reject(candidates, pl.col("reward_var") > 0, "zero_variance", "adv", log)
-    adv_pool = _reject(adv_pool, pl.col("reward_mean") <= options.lambda_diff, "too_easy", "adv", log)
-    adv = _cap_and_rank(_rank_by_difficulty(adv_pool), options, "adv", log)
+    adv = _select_adv(candidates, options, log)
     cand_size = len(adv) if options.cand_size is None else options.cand_size
     cand = _sample_candidates(candidates, cand_size, options, log)
 
     selection_log = pl.concat(log, how="vertical") if log else pl.from_arrow(SELECTION_LOG_SCHEMA.empty_table())
+    selection_log = selection_log.with_columns(pl.lit(options.rule, pl.Utf8).alias("rule"))
     funnel = pl.DataFrame(
         {
             "stage": ["turns", "profiled", "candidates", "mixed", "adv", "cand"],
@@ -95,6 +103,57 @@ def rejection_counts(selection_log: pl.DataFrame) -> dict[tuple[str, str], int]:
     """{(set, reason): rows dropped}, for metadata and reports."""
     dropped = selection_log.filter(~pl.col("kept")).group_by("set", "reason").len()
     return {(r["set"], r["reason"]): r["len"] for r in dropped.iter_rows(named=True)}
+
+
+# -- the selection rules (D_adv) -------------------------------------------------------------------
+
+
+def _select_adv(candidates: pl.DataFrame, options: PivotsSection, log: list[pl.DataFrame]) -> pl.DataFrame:
+    """D_adv: the mixed candidates the rule in force keeps, ranked, then capped."""
+    pool = _reject(candidates, pl.col("reward_var") > 0, "zero_variance", "adv", log)
+    keep, reason = RULE_TESTS[options.rule](pool, options)
+    return _cap_and_rank(_rank_by_difficulty(_reject(pool, keep, reason, "adv", log)), options, "adv", log)
+
+
+def _pivotrl(pool: pl.DataFrame, options: PivotsSection) -> tuple[pl.Expr, str]:
+    return pl.col("reward_mean") <= options.lambda_diff, "too_easy"
+
+
+def _band(pool: pl.DataFrame, options: PivotsSection) -> tuple[pl.Expr, str]:
+    low, high = options.band
+    return (pl.col("reward_mean") > low) & (pl.col("reward_mean") < high), "outside_band"
+
+
+def _variance_top_p(pool: pl.DataFrame, options: PivotsSection) -> tuple[pl.Expr, str]:
+    """In rank order (variance first), a turn is in the prefix while the variance ranked before it is short of
+    top_p of the pool's total: the last turn kept is the one that reaches it."""
+    ranked = _rank_by_difficulty(pool)
+    before = ranked["reward_var"].cum_sum() - ranked["reward_var"]
+    inside = ranked.filter(before < options.top_p * ranked["reward_var"].sum())["turn_id"]
+    return pl.col("turn_id").is_in(inside.to_list()), "below_variance_mass"
+
+
+def _std_min(pool: pl.DataFrame, options: PivotsSection) -> tuple[pl.Expr, str]:
+    return pl.col("reward_var").sqrt() >= options.min_std, "below_min_std"
+
+
+# rule -> (mixed pool, options) -> (what D_adv keeps, the reason a dropped row is logged with)
+RULE_TESTS = {"pivotrl": _pivotrl, "band": _band, "variance_top_p": _variance_top_p, "std_min": _std_min}
+assert set(RULE_TESTS) == set(SELECTION_RULES), "every rule config.py offers has a definition here"
+
+
+def adv_contract_bounds(params: dict) -> dict:
+    """The row-wise bounds the D_adv contract checks under the rule in `params` (rule, lambda_diff, band,
+    min_std): reward_mean within [adv_mean_min, adv_mean_max] (strict both ends when adv_mean_strict) and
+    reward_std >= adv_min_std. variance_top_p has no row-wise bound: its cut depends on the whole pool."""
+    rule = params.get("rule", "pivotrl")
+    low, high, strict = None, 1.0, False
+    if rule == "pivotrl":
+        high = params["lambda_diff"]
+    elif rule == "band":
+        (low, high), strict = params["band"], True
+    min_std = params["min_std"] if rule == "std_min" else 0.0
+    return {"adv_mean_min": low, "adv_mean_max": high, "adv_mean_strict": strict, "adv_min_std": min_std}
 
 
 # -- steps -----------------------------------------------------------------------------------------

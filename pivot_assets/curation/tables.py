@@ -25,7 +25,9 @@ def select_and_write(wh: Warehouse, pivots: PivotsSection) -> dict[str, int]:
 
 
 def contract_params(cfg: PivotConfig) -> dict:
-    return {"lambda_diff": cfg.pivots.lambda_diff, "policy_k": cfg.policy.k}
+    pivots = cfg.pivots
+    return {"lambda_diff": pivots.lambda_diff, "policy_k": cfg.policy.k, "rule": pivots.rule, "band": pivots.band,
+            "min_std": pivots.min_std}
 
 
 CONTRACT_RESULTS_DIR = ".contract_results"  # in the warehouse's local root: the latest result per table
