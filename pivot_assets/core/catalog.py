@@ -122,6 +122,13 @@ SELECTION_LOG_SCHEMA = pa.schema(
     [("turn_id", pa.string()), ("set", pa.string()), ("kept", pa.bool_()), ("reason", pa.string()),
      ("rule", pa.string())]
 )
+# D_adv under each selection rule (selection.compare_rules, written beside the pivot sets by the same selection; not
+# an asset of its own): parameters is canonical JSON of the rule's parameter as configured, in_force marks pivots.rule.
+RULE_COMPARISON = "selection_rule_comparison"
+RULE_COMPARISON_SCHEMA = pa.schema(
+    [("rule", pa.string()), ("parameters", pa.string()), ("in_force", pa.bool_()), ("pivots", pa.int64()),
+     ("overlap_with_pivotrl", pa.int64()), ("mean_reward", pa.float64()), ("mean_variance", pa.float64())]
+)
 
 # Refresh rounds (refresh/rounds.py): one row per (round, turn of the pool). policy_fp: the round's policy (the
 # checkpoint it profiles with); profiled_by: the policy whose samples the row's stats are (another round's when the
@@ -194,6 +201,7 @@ TABLES: dict[str, Table] = {
         *(Table(name, _PROFILE_KEY, blocking=True, related=("turns",)) for name in PIVOT_TABLES),
         Table(SELECTION_LOG, ("turn_id", "set"), SELECTION_LOG_SCHEMA, contract=False),
         Table(SKIPPED_TURNS, ("turn_id",), SKIPPED_TURNS_SCHEMA, contract=False),
+        Table(RULE_COMPARISON, ("rule",), RULE_COMPARISON_SCHEMA, contract=False),
         Table(REFRESH_PROFILES, ("round", "turn_id"), REFRESH_PROFILES_SCHEMA, contract=False),
         Table(REFRESH_BUDGET, ("round", "phase"), REFRESH_BUDGET_SCHEMA, contract=False),
         Table(PIVOT_EVAL, ("policy", "eval_set"), PIVOT_EVAL_SCHEMA, contract=False),

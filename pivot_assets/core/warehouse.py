@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pivot_assets.core import parts
-from pivot_assets.core.catalog import SKIPPED_TURNS, SKIPPED_TURNS_SCHEMA, SQL_DIR
+from pivot_assets.core.catalog import RULE_COMPARISON, RULE_COMPARISON_SCHEMA, SKIPPED_TURNS, SKIPPED_TURNS_SCHEMA, SQL_DIR
 
 # A kill test's named hold point: a process whose environment has PIVOT_HOLD_AFTER_PART=<table> stops for good once
 # it has written a part of that table, so a test kills a run mid-table on any model, fast or slow, without racing it.
@@ -601,9 +601,10 @@ class Warehouse:
         # shard=NNN folders (DuckDB adds one when every part sits in such a folder)
         out = [(name, f"create or replace view {name} as select * from read_parquet('{self.source_glob(name)}', "
                       "union_by_name = true, hive_partitioning = false)", False) for name in tables]
-        if SKIPPED_TURNS not in tables:  # none skipped (a warehouse profiled before the prompt guard)
-            columns = ", ".join(f"null::{_DUCK_TYPES[str(f.type)]} as {f.name}" for f in SKIPPED_TURNS_SCHEMA)
-            out.append((SKIPPED_TURNS, f"create or replace view {SKIPPED_TURNS} as select {columns} where false", False))
+        for name, schema in _EMPTY_WHEN_ABSENT.items():
+            if name not in tables:
+                columns = ", ".join(f"null::{_DUCK_TYPES[str(f.type)]} as {f.name}" for f in schema)
+                out.append((name, f"create or replace view {name} as select {columns} where false", False))
         for path in sorted(SQL_DIR.glob("*.sql")):
             text = path.read_text(encoding="utf-8")
             body = text if path.stem.endswith("macros") else f"create or replace view {path.stem} as {_strip_sql(text)}"
@@ -618,7 +619,10 @@ class Warehouse:
         return st.st_ino, st.st_size, st.st_mtime_ns
 
 
-_DUCK_TYPES = {"string": "varchar", "int64": "bigint"}
+_DUCK_TYPES = {"string": "varchar", "int64": "bigint", "bool": "boolean", "double": "double"}
+# Tables an sql/ view reads that a warehouse may lack: none skipped (profiled before the prompt guard), no rule
+# comparison (selected before the selection rules); an empty view stands in.
+_EMPTY_WHEN_ABSENT = {SKIPPED_TURNS: SKIPPED_TURNS_SCHEMA, RULE_COMPARISON: RULE_COMPARISON_SCHEMA}
 
 
 def _strip_sql(text: str) -> str:

@@ -32,10 +32,12 @@ from __future__ import annotations
 
 
 import polars as pl
+import pyarrow as pa
 
 from pivot_assets.core.catalog import PIVOT_SETS, SELECTION_LOG_SCHEMA, SET_TABLES, EARLY_STOPS  # noqa: F401  (SET_TABLES: the set -> table names)
+from pivot_assets.core.catalog import RULE_COMPARISON_SCHEMA
 from pivot_assets.core.config import SELECTION_RULES, PivotsSection
-from pivot_assets.core.ids import seeded_digest
+from pivot_assets.core.ids import canonical_json, seeded_digest
 
 REJECT_REASONS = (
     "not_profiled",
@@ -66,10 +68,8 @@ def select_pivots(profiles: pl.DataFrame, turns: pl.DataFrame, options: PivotsSe
     (1 = best) + pivot_set; "selection_log": turn_id, set, kept, reason; "funnel": stage, turns}.
     """
     options = options or PivotsSection()
-    _check_inputs(profiles, turns)
     log: list[pl.DataFrame] = []
-    profiled = _join_turns(profiles, turns, log)
-    candidates = _apply_action_kinds(_apply_min_k(profiled, options.min_k, log), options.action_kinds, log)
+    profiled, candidates = _candidates(profiles, turns, options, log)
 
     mixed_pool = _reject(candidates, pl.col("reward_var") > 0, "zero_variance", "mixed", log)
     mixed = _cap_and_rank(_rank_by_difficulty(mixed_pool), options, "mixed", log)
@@ -92,6 +92,21 @@ def select_pivots(profiles: pl.DataFrame, turns: pl.DataFrame, options: PivotsSe
         "selection_log": selection_log,
         "funnel": funnel,
     }
+
+
+def compare_rules(profiles: pl.DataFrame, turns: pl.DataFrame, options: PivotsSection | None = None) -> pl.DataFrame:
+    """D_adv under each selection rule with the parameters of `options` (caps included), beside the set of the
+    pivotrl rule: one row per rule (RULE_COMPARISON_SCHEMA), for `pivot sql selection_rules`."""
+    options = options or PivotsSection()
+    _, candidates = _candidates(profiles, turns, options, [])
+    sets = {rule: _select_adv(candidates, options.model_copy(update={"rule": rule}), []) for rule in SELECTION_RULES}
+    pivotrl = set(sets["pivotrl"]["turn_id"])
+    rows = [{"rule": rule, "parameters": canonical_json({SELECTION_RULES[rule]: getattr(options, SELECTION_RULES[rule])}),
+             "in_force": rule == options.rule, "pivots": adv.height,
+             "overlap_with_pivotrl": len(pivotrl & set(adv["turn_id"])),
+             "mean_reward": adv["reward_mean"].mean(), "mean_variance": adv["reward_var"].mean()}
+            for rule, adv in sets.items()]
+    return pl.from_arrow(pa.Table.from_pylist(rows, schema=RULE_COMPARISON_SCHEMA))
 
 
 def funnel_counts(result: dict[str, pl.DataFrame]) -> dict[str, int]:
@@ -177,6 +192,14 @@ def _check_inputs(profiles: pl.DataFrame, turns: pl.DataFrame) -> None:
     duplicated = profiles.filter(pl.col("turn_id").is_duplicated())
     if duplicated.height:
         raise ValueError(f"turn_profiles has {duplicated.height} rows with a duplicated turn_id, e.g. {duplicated['turn_id'][0]!r}")
+
+
+def _candidates(profiles: pl.DataFrame, turns: pl.DataFrame, options: PivotsSection,
+                log: list[pl.DataFrame]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(profiled turns with their turn columns, the candidates among them: min_k and action_kinds applied)."""
+    _check_inputs(profiles, turns)
+    profiled = _join_turns(profiles, turns, log)
+    return profiled, _apply_action_kinds(_apply_min_k(profiled, options.min_k, log), options.action_kinds, log)
 
 
 def _log(frame: pl.DataFrame, pivot_set: str, kept: bool, reason: str | None) -> pl.DataFrame:

@@ -7,20 +7,23 @@ import dataclasses
 import json
 from pathlib import Path
 
-from pivot_assets.core.catalog import PIVOT_TABLES, SELECTION_LOG, SET_TABLES
+from pivot_assets.core.catalog import PIVOT_TABLES, RULE_COMPARISON, SELECTION_LOG, SET_TABLES
 from pivot_assets.core.config import PivotConfig, PivotsSection
 from pivot_assets.core.warehouse import Warehouse
 
 
 def select_and_write(wh: Warehouse, pivots: PivotsSection) -> dict[str, int]:
-    """Select D_mixed, D_adv, D_cand from the current profiles and write them with the selection log;
-    returns the funnel counts. One selection writes all four tables, so they always agree."""
-    from pivot_assets.curation.selection import funnel_counts, select_pivots
+    """Select D_mixed, D_adv, D_cand from the current profiles and write them with the selection log and D_adv
+    under every rule (the rule comparison); returns the funnel counts. One selection writes all these tables, so
+    they always agree."""
+    from pivot_assets.curation.selection import compare_rules, funnel_counts, select_pivots
 
-    result = select_pivots(wh.read("turn_profiles"), wh.read("turns"), pivots)
+    profiles, turns = wh.read("turn_profiles"), wh.read("turns")
+    result = select_pivots(profiles, turns, pivots)
     for table in PIVOT_TABLES:
         wh.write_table(table, result[table].to_arrow())
     wh.write_table(SELECTION_LOG, result["selection_log"].to_arrow())
+    wh.write_table(RULE_COMPARISON, compare_rules(profiles, turns, pivots).to_arrow())
     return funnel_counts(result)
 
 

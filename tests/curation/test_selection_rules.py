@@ -1,23 +1,21 @@
 """The selection rules (pivots.rule) on handmade profiles: each rule's D_adv, its log reasons and rule column, caps
 after the rule, D_cand the size of D_adv; the rule's config errors; and a change of rule re-selects without
-re-profiling (only the pivot sets' identity moves)."""
+re-profiling (only the pivot sets' identity moves); the rules side by side (`pivot sql selection_rules`)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import duckdb
 import polars as pl
 import pytest
 
+from pivot_assets.core.catalog import RULE_COMPARISON_SCHEMA
 from pivot_assets.core.config import ConfigError, PivotsSection, load_config
 from pivot_assets.core.identity import pivots_version
 from pivot_assets.curation.contracts import run_contract
-from pivot_assets.curation.selection import (
-    REJECT_REASONS,
-    funnel_counts,
-    rejection_counts,
-    select_pivots,
-)
+from pivot_assets.curation.selection import REJECT_REASONS, compare_rules, funnel_counts, rejection_counts, select_pivots
 
 from .test_contracts import build_world
 from .test_pivot_selection import make_tables, tid
@@ -172,3 +170,32 @@ def test_the_adv_contract_checks_the_rule_in_force():
     low_std = pivotrl.filter(pl.col("reward_std") < 0.45).height
     assert low_std >= 1
     assert next(f for f in result.failures if f["column"] == "reward_std")["unexpected_count"] == low_std
+
+
+# -- the rules side by side (`pivot sql selection_rules`) ---------------------------------------------
+
+
+def test_the_rule_comparison_is_each_rules_selected_set():
+    profiles, turns = make_tables()
+    options = PivotsSection(rule="band", max_per_trajectory=2)
+    table = compare_rules(profiles, turns, options)
+    assert table.schema == pl.from_arrow(RULE_COMPARISON_SCHEMA.empty_table()).schema
+    pivotrl = adv_of(max_per_trajectory=2)
+    for row in table.iter_rows(named=True):
+        adv = select_pivots(profiles, turns, options.model_copy(update={"rule": row["rule"]}))["pivots_adv"]
+        assert row["pivots"] == adv.height and row["in_force"] == (row["rule"] == "band"), row
+        assert row["overlap_with_pivotrl"] == len(pivotrl & set(adv["turn_id"]))
+        assert row["mean_reward"] == pytest.approx(adv["reward_mean"].mean())
+        assert row["mean_variance"] == pytest.approx(adv["reward_var"].mean())
+    assert json.loads(table.filter(pl.col("rule") == "band")["parameters"][0]) == {"band": [0.2, 0.8]}
+    assert table["rule"].to_list() == ["pivotrl", "band", "variance_top_p", "std_min"]
+
+
+def test_the_selection_rules_query_reads_the_comparison():
+    profiles, turns = make_tables()
+    con = duckdb.connect()
+    con.register("selection_rule_comparison", compare_rules(profiles, turns).to_arrow())
+    con.execute(f"create view selection_rules as {(REPO / 'sql' / 'selection_rules.sql').read_text()}")
+    rows = con.execute("select rule, in_force, pivots, overlap_with_pivotrl, overlap_share from selection_rules").fetchall()
+    assert [r[0] for r in rows] == ["pivotrl", "band", "variance_top_p", "std_min"]
+    assert rows[0][1:] == (True, 5, 5, 1.0)
