@@ -251,3 +251,66 @@ def engine_capabilities() -> str:
         cells = ["yes" if getattr(caps, flag) else "no" for caps in ENGINES.values()]
         lines.append(f"| `{flag}` | " + " | ".join(cells) + f" | {CAPABILITY_MEANING[flag]} |")
     return "\n".join(lines)
+
+
+# -- the exports (curation/exports.py) -----------------------------------------------------------------------------
+
+def _feature(feature) -> str:
+    """A `datasets` feature as a short type: string, int64, JSON, list of ..., {key: type, ...}."""
+    from datasets import Json, List, Value
+
+    if isinstance(feature, Value):
+        return feature.dtype
+    if isinstance(feature, Json):
+        return "JSON"
+    if isinstance(feature, List):
+        return f"list of {_feature(feature.feature)}"
+    if isinstance(feature, dict):
+        return "{" + ", ".join(f"{k}: {_feature(v)}" for k, v in feature.items()) + "}"
+    raise ValueError(f"no short name for the feature {feature!r}")
+
+
+# What each column of the HF export holds (curation/exports.py's docstring); a column without a line fails `make docs`.
+HF_COLUMN_MEANING = {
+    "prompt": "the pivot's state, the conversation before the turn, as chat-template messages (reasoning dropped, "
+              "`content` \"\" when none, `tool_calls` [] when none, arguments an object)",
+    "tools": "the trajectory's chat tool schemas, JSON text",
+    "turn_id": "the pivot turn's id",
+    "trajectory_id": "its trajectory's id",
+    "domain": "the trajectory's domain",
+    "message_index": "the turn's index in the trajectory's messages (the prompt is the messages before it)",
+    "action_kind": "`tool_call`, `tool_call_batch` or `message`",
+    "expert_action": "the expert's action at the turn, JSON text: what a reward function compares a completion with",
+    "selection_rank": "the pivot's rank in its set (the export's order)",
+    "pivot_set": "`adv`, `mixed` or `cand`",
+    "policy_fp": "the reference policy that profiled the turn (fingerprint)",
+    "verifier_fp": "the verifier that scored its samples (fingerprint)",
+    "k": "samples in the profile",
+    "reward_mean": "the profile's mean reward",
+    "reward_var": "its variance",
+    "reward_std": "its standard deviation",
+    "n_pass": "samples with reward 1",
+    "n_distinct_actions": "distinct actions among the samples",
+    "conversation_id": "the source conversation (for splits grouped by conversation)",
+    "environment": "the trajectory's executable environment, JSON text (null when it has none): what `executed_state` "
+                   "rebuilds the turn's world from",
+}
+
+
+def hf_export_columns() -> str:
+    """The columns of `pivot export --format hf` (and pivot_dataset) with their types, from the dataset's Features."""
+    from pivot_assets.curation.exports import _hf_features
+
+    lines = ["| column | type | what |", "|---|---|---|"]
+    lines += [f"| `{name}` | {_cell(_feature(f))} | {HF_COLUMN_MEANING[name]} |" for name, f in _hf_features().items()]
+    return "\n".join(lines)
+
+
+def nemo_gym_row_keys() -> str:
+    """The keys of a `pivot export --format nemo-gym` row, the profile object's name among them."""
+    from pivot_assets.curation.exports import DEFAULT_PROFILE_KEY, NEMO_GYM_ROW_KEYS, REWARD_STATS
+
+    keys = ", ".join(f"`{k}`" for k in NEMO_GYM_ROW_KEYS)
+    stats = ", ".join(("rewards", *REWARD_STATS))
+    return (f"A row's keys: {keys}, and the profile object `{DEFAULT_PROFILE_KEY}` ({{{stats}}}; "
+            f"`--profile-key NAME` names it otherwise).")
