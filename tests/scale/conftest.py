@@ -40,15 +40,17 @@ def _ray_head_left_clean(request):
 
 
 def ray_head_leftovers(dashboard: str, wait_s: float = 60) -> tuple[list[str], list[str]]:
-    """(jobs not in a terminal state, actors not dead) on the head, after waiting up to `wait_s` for them to end
-    (Ray marks a stopped job ended once its supervisor has reaped the driver, which takes a moment under load)."""
+    """(jobs not in a terminal state, a job's actors not dead) on the head, after waiting up to `wait_s` for them to
+    end (Ray marks a stopped job ended once its supervisor has reaped the driver, which takes a moment under load).
+    Detached actors are the cluster's, not a job's (Ray Data's stats actor lives as long as the head): not counted."""
     from ray.job_submission import JobSubmissionClient
     from ray.util.state import list_actors
 
     client, deadline = JobSubmissionClient(dashboard), time.monotonic() + wait_s
     while True:
         jobs = [j.submission_id for j in client.list_jobs() if not j.status.is_terminal()]
-        actors = [a.actor_id for a in list_actors(address=dashboard, filters=[("state", "!=", "DEAD")])]
+        actors = [f"{a.class_name} {a.actor_id}" for a in list_actors(address=dashboard, filters=[("state", "!=", "DEAD")],
+                                                                     detail=True) if not a.is_detached]
         if (not jobs and not actors) or time.monotonic() > deadline:
             return jobs, actors
         time.sleep(0.5)
