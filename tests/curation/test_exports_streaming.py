@@ -103,6 +103,7 @@ def assert_nemo_rows_read_back(path: Path, lines: list[dict]) -> None:
     assert len(back) == len(lines)
 
 
+@pytest.mark.scenario
 @pytest.mark.parametrize("dataset", DATASETS)
 def test_every_shared_dataset_exports_in_both_formats(dataset, tmp_path, shared_data_dir):
     wh = profiled_warehouse(tmp_path / "wh", [{"path": str(shared_data_dir / dataset)}])

@@ -16,6 +16,7 @@ from pivot_jobs.definitions import build_definitions
 from pivot_jobs.runner import run_assets
 from pivot_assets.core.warehouse import Warehouse
 
+pytestmark = pytest.mark.scenario  # Dagster runs of the pivot sets with their contracts, ~2-8 s each
 PIVOT_ASSETS = ["pivots_mixed", "pivots_adv", "pivots_cand", "pivot_selection_log", "pivot_dataset"]
 
 

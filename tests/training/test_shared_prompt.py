@@ -70,6 +70,7 @@ def _logps_and_grad(trainer, ids, mask, keep, unshared: bool):
     return logps.detach() * completion_mask, entropy.detach() * completion_mask, grads
 
 
+@pytest.mark.scenario
 def test_the_shared_forward_gives_trls_log_probs_entropies_and_gradients(trainer):
     ids, mask = _group()
     before = dict(trainer.shared_prompt_counts)

@@ -124,6 +124,7 @@ def _completion(action: dict) -> str:
                    + "</tool_call>" for c in calls)
 
 
+@pytest.mark.scenario
 @pytest.mark.skipif(not AIRLINE_RUN.is_file(), reason=f"the shared tau2 run is not at {AIRLINE_RUN}")
 def test_the_airline_run_is_ingested_with_its_environment_and_its_expert_calls_replay(tmp_path):
     wh = Warehouse(tmp_path / "wh")
