@@ -2,13 +2,19 @@
 a baseline run, in one table.
 
 A run writes one JSON line per test phase (tests/timings.py, PIVOT_TEST_TIMINGS) and samples the box's used memory
-every 2 s; the report reads those files, so a committed baseline renders beside a new run without running it again.
+and busy cores every 2 s; the report reads those files, so kept runs render beside a new one without running again.
 
-    .venv/bin/python bench/bench_tests.py --run --label after [--marker "not scenario"] \\
-        --baseline bench/data/tests/before.jsonl --out bench/RESULTS_tests.md
+    # `make test`'s set (pytest -q -x -n 2, --keep-going leaves out -x) and `make test-fast`'s, then the report:
+    .venv/bin/python bench/bench_tests.py --run --label suite
+    .venv/bin/python bench/bench_tests.py --run --label fast --marker "not scenario"
+    .venv/bin/python bench/bench_tests.py --timings bench/data/tests/suite.jsonl --label suite \
+        --baseline before=bench/data/tests/before.jsonl --baseline fast=bench/data/tests/fast.jsonl \
+        --out bench/RESULTS_tests.md --unit-seconds
 
-`--run` runs `pytest -q -x -n 2` (what `make test` runs; `--keep-going` leaves out -x) and keeps its timings in bench/data/tests/<label>.jsonl;
-without it, `--timings FILE` renders an existing run.
+A `make test` itself is timed the same way: PIVOT_TEST_TIMINGS=bench/data/tests/suite.jsonl in its environment, and
+`bench_tests.py --sample bench/data/tests/suite.memory` beside it (stopped with Ctrl-C). Runs are kept in
+bench/data/tests/<label>.jsonl and .memory; the report also writes bench/results/tests.json (the docs' figures) and,
+with --unit-seconds, tests/unit_seconds.json (the order xdist hands out the units of work).
 """
 
 from __future__ import annotations
@@ -133,26 +139,28 @@ def cpu_times() -> tuple[int, int]:
     return sum(values), values[3] + values[4]
 
 
+def sample_box(memory: Path, stop: threading.Event) -> None:
+    """Append "epoch used_MiB busy_fraction" to `memory` every 2 s until `stop` (busy: of all cores, since the last
+    line): the box's memory in use and how busy its cores were while the tests ran."""
+    before = cpu_times()
+    with memory.open("w") as f:
+        while not stop.wait(2):
+            info = {k: int(v.split()[0]) for k, v in
+                    (line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())}
+            now = cpu_times()
+            busy = 1 - (now[1] - before[1]) / max(now[0] - before[0], 1)
+            before = now
+            f.write(f"{time.time():.0f} {(info['MemTotal'] - info['MemAvailable']) // 1024} {busy:.2f}\n")
+            f.flush()
+
+
 def run_suite(label: str, marker: str | None, keep_going: bool) -> tuple[Path, Path, float, int]:
     """Run the suite as `make test` does, with per-test timings and a memory sampler; (timings, memory, wall, rc)."""
     DATA.mkdir(parents=True, exist_ok=True)
     timings, memory = DATA / f"{label}.jsonl", DATA / f"{label}.memory"
     timings.unlink(missing_ok=True)
     stop = threading.Event()
-
-    def sample() -> None:  # "epoch used_MiB busy_fraction" every 2 s (busy: of all cores, since the last line)
-        before = cpu_times()
-        with memory.open("w") as f:
-            while not stop.wait(2):
-                info = {k: int(v.split()[0]) for k, v in
-                        (line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())}
-                now = cpu_times()
-                busy = 1 - (now[1] - before[1]) / max(now[0] - before[0], 1)
-                before = now
-                f.write(f"{time.time():.0f} {(info['MemTotal'] - info['MemAvailable']) // 1024} {busy:.2f}\n")
-                f.flush()
-
-    sampler = threading.Thread(target=sample, daemon=True)
+    sampler = threading.Thread(target=sample_box, args=(memory, stop), daemon=True)
     sampler.start()
     cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-n", "2", "-p", "no:cacheprovider", *["-x"] * (not keep_going)]
     cmd += ["-m", marker] if marker else []
@@ -183,8 +191,9 @@ def side_by_side(rows: list[str], columns: list[dict], fmt) -> list[str]:
     return [f"| {row} | " + " | ".join(fmt(c.get(row)) for c in columns) + " |" for row in rows]
 
 
-def report(runs: list[tuple[str, Path, str]], command: str) -> str:
-    """runs: (label, timings file, note); the last is the run this report is about."""
+def report(runs: list[tuple[str, Path, str]], command: str) -> tuple[str, dict]:
+    """runs: (label, timings file, note); the last is the run this report is about. Returns the Markdown and its
+    summary (bench/results/tests.json: each run's wall time, tests and peak memory, quoted from the Markdown)."""
     loaded = [(label, load(path), span(path), note, path) for label, path, note in runs]
     labels = [label for label, *_ in loaded]
     head = "| | " + " | ".join(labels) + " |\n|---|" + "---|" * len(labels)
@@ -195,9 +204,15 @@ def report(runs: list[tuple[str, Path, str]], command: str) -> str:
            "(a module- or session-scoped fixture's start is charged to the first test that uses it); a kind is the "
            "first rule of bench/bench_tests.py's `kind_of` that a test meets.", ""]
     out += ["| run | note | wall (tests running) | tests | peak used memory | cores busy |", "|---|---|---|---|---|---|"]
+    summary = {"results_file": "bench/RESULTS_tests.md", "what": f"the test suite's runs on {cpu()}",
+               "figures": {"machine": cpu()}, "evidence": {"machine": f"Machine: {cpu()};"}}
     for label, tests, wall, note, path in loaded:
-        out.append(f"| {label} | {note} | {wall:,.0f} s ({wall / 60:.1f} min) | {outcomes(tests)} | "
-                   f"{peak_mb(path.with_suffix('.memory'))} | {mean_busy(path.with_suffix('.memory'))} |")
+        figures = {f"{label}_wall": f"{wall:,.0f} s ({wall / 60:.1f} min)", f"{label}_tests": outcomes(tests),
+                   f"{label}_peak_memory": peak_mb(path.with_suffix('.memory'))}
+        row = f"| {label} | {note} | " + " | ".join(figures.values()) + f" | {mean_busy(path.with_suffix('.memory'))} |"
+        out.append(row)
+        summary["figures"].update(figures)
+        summary["evidence"].update({key: row for key in figures})
     kinds = [by(t, lambda x: x["kind"]) for _, t, *_ in loaded]
     out += ["", "## Seconds by kind (tests)", "", head]
     out += side_by_side(list(KINDS), kinds, lambda v: f"{v[1]:,.0f} ({v[0]})" if v else "-")
@@ -221,7 +236,7 @@ def report(runs: list[tuple[str, Path, str]], command: str) -> str:
     out += ["", f"## Tests outside `scenario` slower than {SLOW_UNMARKED_S:.0f} s ({label})", "",
             "They run in `make test-fast`; each belongs in `scenario` or needs to be made faster.", ""]
     out += [f"- {t['seconds']:,.1f} s `{t['nodeid']}`" for t in loose] or ["None."]
-    return "\n".join(out) + "\n"
+    return "\n".join(out) + "\n", summary
 
 
 def write_unit_seconds(tests: dict[str, dict]) -> None:
@@ -242,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep-going", action="store_true", help="run every test (without -x): timings of all of them")
     ap.add_argument("--marker", help="a pytest -m expression (e.g. 'not scenario' for make test-fast's set)")
     ap.add_argument("--timings", type=Path, help="an existing timings file to render (without --run)")
+    ap.add_argument("--sample", type=Path, metavar="FILE",
+                    help="only sample the box's memory and cores into FILE until stopped (beside a `make test`)")
     ap.add_argument("--note", default="", help="what the run was (a commit, a state of the box)")
     ap.add_argument("--baseline", type=Path, action="append", default=[],
                     help="timings file(s) to show beside it, each as LABEL=FILE or FILE (label from its name)")
@@ -249,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--unit-seconds", action="store_true",
                     help="write the run's seconds per unit of work to tests/unit_seconds.json (the scheduler's order)")
     args = ap.parse_args(argv)
+    if args.sample:
+        try:
+            sample_box(args.sample, threading.Event())
+        except KeyboardInterrupt:
+            return 0
     if args.run:
         timings, _, wall, rc = run_suite(args.label, args.marker, args.keep_going)
         print(f"bench_tests: pytest rc {rc}, {wall:,.0f} s; timings in {timings}")
@@ -262,12 +284,14 @@ def main(argv: list[str] | None = None) -> int:
         runs.append((label or Path(path).stem, Path(path), ""))
     runs.append((args.label, timings, args.note))
     command = "python bench/bench_tests.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    text = report(runs, command)
+    text, summary = report(runs, command)
     if args.unit_seconds:
         write_unit_seconds(load(timings))
     if args.out:
         args.out.write_text(text)
-        print(f"bench_tests: wrote {args.out}")
+        summary["results_file"] = str(args.out.resolve().relative_to(REPO))
+        (REPO / "bench" / "results" / "tests.json").write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"bench_tests: wrote {args.out} and bench/results/tests.json")
     else:
         print(text)
     return 0

@@ -111,6 +111,17 @@ def quick_ablation_summary(prefix: str = "") -> str:
             f"{_share_range(q, 'grpo_cand')}.")
 
 
+def test_suite(prefix: str = "") -> str:
+    """The test suite's measured runs, from bench/results/tests.json: `make test`'s set (`suite`), `make test-fast`'s
+    (`fast`) and the run they are compared with (`before`), each where the file has it."""
+    t, f = "tests", results("tests")["figures"]
+    said = {"suite": "`make test`'s pytest", "fast": "`make test-fast`'s", "before": "the suite as it was (compared)"}
+    runs = [f"{what} ran {f[f'{label}_tests']} in {f[f'{label}_wall']} (peak memory in use on the box "
+            f"{f[f'{label}_peak_memory']})" for label, what in said.items() if f"{label}_wall" in f]
+    return (f"On a {figure(t, 'machine')}: " + "; ".join(runs) + f" ({link(t, prefix)}: the time by kind of test, "
+            "by worker and by module).")
+
+
 def decisive_steps() -> str:
     return figure("decisive_bfcl", "grpo_steps")
 
