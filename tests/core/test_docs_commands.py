@@ -49,11 +49,6 @@ RUNNABLE_VERBS = {"sql", "export", "verify", "check", "config"}  # seconds on th
 FIXTURE_CONFIG = ("warehouse: ./warehouse\nsample: {n_trajectories: 12, seed: 5}\npolicy: {model: embedded}\n"
                   "training: {init: reference}\n")
 
-# docs/sql.md and docs/concepts.md are edited by another change as this test lands: the skip reasons of their blocks
-# live here, by page and the block's first line, instead of as marks in the pages (none of their blocks needs one).
-SKIP_ELSEWHERE: dict[tuple[str, str], str] = {}
-
-
 @dataclass
 class Block:
     page: str
@@ -87,8 +82,6 @@ def parse_blocks(page: str, text: str) -> list[Block]:
             body = "\n".join(lines[i + 1:end])
             mark = MARK.match(lines[i - 1].strip()) if i else None
             skip = mark["why"].strip() if mark else None
-            first = body.splitlines()[0] if body else ""
-            skip = SKIP_ELSEWHERE.get((page, first), skip)
             blocks.append(Block(page, i + 1, fence[1], body, skip))
             i = end
         i += 1
@@ -113,11 +106,8 @@ def test_a_mark_without_a_reason_fails_and_one_with_a_reason_skips():
     assert block.skip == "a demo run" and block.lang == "bash" and block.text == "make demo"
 
 
-def test_every_page_parses_and_every_kept_reason_names_a_block():
+def test_every_page_parses_and_every_mark_is_on_a_block_that_runs():
     blocks = [b for page in PAGES for b in page_blocks(page)]  # raises on a bad mark
-    firsts = {(b.page, b.text.splitlines()[0] if b.text else "") for b in blocks}
-    assert [key for key in SKIP_ELSEWHERE if key not in firsts] == []
-    assert all(why.strip() for why in SKIP_ELSEWHERE.values())
     assert [b.where for b in blocks if b.skip is not None and b.lang not in RUN_LANGS] == []  # a mark on a block
     # that never runs says nothing
 
@@ -134,14 +124,9 @@ def warehouse(tmp_path_factory) -> Path:
     from pivot_jobs.definitions import build_definitions
     from pivot_jobs.runner import run_assets
     from tests.curation.test_pivot_checks import PIVOT_ASSETS, write_profiles
+    from tests.projects import ingested_sample
 
-    root = tmp_path_factory.mktemp("docs-warehouse")
-    (root / "pivot.yaml").write_text(FIXTURE_CONFIG)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DAGSTER_HOME", str(root / "dagster_home"))
-        mp.delenv("PIVOT_CONFIG", raising=False)
-        mp.chdir(root)
-        assert pivot(["run", "--select", "trajectories,turns"]) == 0
+    with ingested_sample(tmp_path_factory.mktemp("docs-warehouse"), FIXTURE_CONFIG) as root:
         wh = Warehouse(root / "warehouse")
         write_profiles(wh, wh.read("turns").sort("turn_id").to_dicts())
         report = run_assets(build_definitions("pivot.yaml"), [dg.AssetKey(a) for a in PIVOT_ASSETS],

@@ -15,6 +15,7 @@ from pivot_jobs.cli import main as pivot
 from pivot_jobs.definitions import build_definitions
 from pivot_jobs.runner import run_assets
 from pivot_assets.core.warehouse import Warehouse
+from tests.projects import ingested_sample
 
 pytestmark = pytest.mark.scenario  # Dagster runs of the pivot sets with their contracts, ~2-8 s each
 PIVOT_ASSETS = ["pivots_mixed", "pivots_adv", "pivots_cand", "pivot_selection_log", "pivot_dataset"]
@@ -27,14 +28,8 @@ CONFIG = "warehouse: ./wh\nsample: {n_trajectories: 12, seed: 5}\npolicy: {model
 def ingested(tmp_path_factory) -> Path:
     """The embedded sample's trajectories and turns, ingested once for the module; each test copies the warehouse
     (a moved warehouse reads the same)."""
-    root = tmp_path_factory.mktemp("ingested")
-    (root / "pivot.yaml").write_text(CONFIG)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DAGSTER_HOME", str(root / "dagster_home"))
-        mp.delenv("PIVOT_CONFIG", raising=False)
-        mp.chdir(root)
-        assert pivot(["run", "--select", "trajectories,turns"]) == 0
-    return root / "wh"
+    with ingested_sample(tmp_path_factory.mktemp("ingested"), CONFIG) as root:
+        return root / "wh"
 
 
 @pytest.fixture
