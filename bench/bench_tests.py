@@ -263,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", type=Path, action="append", default=[],
                     help="timings file(s) to show beside it, each as LABEL=FILE or FILE (label from its name)")
     ap.add_argument("--out", type=Path, help="write the report here (else print it)")
+    ap.add_argument("--notes", type=Path, help="a Markdown file appended to the report (what the figures mean)")
     ap.add_argument("--unit-seconds", action="store_true",
                     help="write the run's seconds per unit of work to tests/unit_seconds.json (the scheduler's order)")
     args = ap.parse_args(argv)
@@ -285,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     runs.append((args.label, timings, args.note))
     command = "python bench/bench_tests.py " + " ".join(sys.argv[1:] if argv is None else argv)
     text, summary = report(runs, command)
+    if args.notes:
+        text += "\n" + args.notes.read_text()
     if args.unit_seconds:
         write_unit_seconds(load(timings))
     if args.out:

@@ -118,7 +118,7 @@ def test_suite(prefix: str = "") -> str:
     said = {"suite": "`make test`'s pytest", "fast": "`make test-fast`'s", "before": "the suite as it was (compared)"}
     runs = [f"{what} ran {f[f'{label}_tests']} in {f[f'{label}_wall']} (peak memory in use on the box "
             f"{f[f'{label}_peak_memory']})" for label, what in said.items() if f"{label}_wall" in f]
-    return (f"On a {figure(t, 'machine')}: " + "; ".join(runs) + f" ({link(t, prefix)}: the time by kind of test, "
+    return (f"On the {figure(t, 'machine')}: " + "; ".join(runs) + f" ({link(t, prefix)}: the time by kind of test, "
             "by worker and by module).")
 
 
