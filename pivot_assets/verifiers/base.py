@@ -145,6 +145,16 @@ class Verifier:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(fingerprint={self.fingerprint}, config={self.config})"
 
+    # -- passing ----------------------------------------------------------------------------------
+    @property
+    def pass_threshold(self) -> float:
+        """A sample passes (turn_profiles.n_pass, the exports' pass_rate) when its reward is above 0 and at least
+        this: the verifier's `pass_threshold` parameter where it has one, else 1.0 (a 0/1 reward passes at 1)."""
+        return float(self.config.get("pass_threshold", 1.0))
+
+    def passes(self, reward: float) -> bool:
+        return passes(reward, self.pass_threshold)
+
     # -- scoring ----------------------------------------------------------------------------------
     def score(self, expected_action: dict | str, candidate: Any, tools: list | str | None = None,
               state: list | None = None) -> Score:
@@ -185,3 +195,9 @@ def tools_as_list(tools: list | str | None) -> list:
         except ValueError:
             return []
     return tools if isinstance(tools, list) else []
+
+
+def passes(reward: float, pass_threshold: float) -> bool:
+    """Whether a sample with this reward passes: above 0 (a 0 never passes, whatever the threshold) and at least the
+    threshold. profiling/profiler.py counts n_pass by the same rule in SQL."""
+    return reward > 0.0 and reward >= pass_threshold

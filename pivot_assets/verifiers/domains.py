@@ -56,6 +56,12 @@ class DomainVerifiers:
         return self.domains.get(domain, self.default) if domain is not None else self.default
 
     @property
+    def pass_thresholds(self) -> dict[str | None, float]:
+        """Each listed domain's pass threshold (Verifier.pass_threshold), and under None the default verifier's,
+        which every other domain uses: what turn_profiles counts n_pass by."""
+        return {None: self.default.pass_threshold, **{d: v.pass_threshold for d, v in self.domains.items()}}
+
+    @property
     def fingerprints(self) -> dict[str, str]:
         return {"default": self.default.fingerprint, **{f"domain:{d}": v.fingerprint for d, v in self.domains.items()}}
 

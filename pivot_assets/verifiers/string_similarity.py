@@ -15,6 +15,10 @@ spacing, punctuation, the case of ordinary words) score 1: for replies on the te
 canonical JSON of the arguments with every string value so reduced (an arithmetic string is one fact, see
 arithmetic.py). Commands (mode commands) keep their punctuation and case: facts, then the shell-normalized
 command string as before.
+
+Graded (`graded: true`): the reward is the similarity itself (0 for a fact mismatch, another tool or a wrong call
+count), and a sample passes (Verifier.passes: n_pass, pass_rate) when it reaches `threshold`, its OK verdict;
+ungraded rewards are 0 or 1 and pass at 1.
 """
 
 from __future__ import annotations
@@ -72,6 +76,11 @@ class StringSimilarityVerifier(Verifier):
         # Edit-distance ratios are quadratic in length: longer texts must match exactly after normalization.
         "max_chars": Param("int", 20_000, lo=1),
     }
+
+    @property
+    def pass_threshold(self) -> float:
+        """Graded: `threshold` (the OK verdict); else 1.0."""
+        return self.config["threshold"] if self.config["graded"] else 1.0
 
     def score_parsed(self, expected: Parsed, candidate: Parsed, tools: Any, state: list | None) -> Score:
         mismatch = kind_mismatch(expected, candidate)

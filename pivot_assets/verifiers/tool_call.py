@@ -21,6 +21,11 @@ A candidate call is accepted when it is the same tool with equivalent arguments:
 An expected call may carry `acceptable` ({argument: [accepted values]}, BFCL's possible answers; `""` in a list:
 the argument may be omitted): then every passed argument must match one of its accepted values under the rules
 above, every argument without `""` must be passed and nothing unlisted may be passed.
+Partial credit (`credit: arguments`): a call to the expected tool whose verdict is a wrong, missing or extra
+argument (MISSING_ARGUMENT, EXTRA_ARGUMENT, ARGUMENT_VALUE_DIFFERENT, FACT_MISMATCH) is paid the share of its
+top-level arguments that are right: matched / (expected arguments + extra ones), with the verdict's reason and
+detail kept. Any other failure (another tool, an invalid call, text for a call) stays 0; `credit: binary` (the
+default) pays 0 for every failure. `pass_threshold` says which rewards count as a pass (Verifier.passes).
 Parallel calls are an unordered multiset: maximum bipartite matching of equivalent calls; binary mode pays 1
 only for a perfect matching, f1 mode pays the F1 of matched calls. Text vs call is 0 (SPOKE_INSTEAD_OF_CALL /
 CALLED_INSTEAD_OF_SPEAK); text vs text goes to a configurable text verifier, never an automatic 1.0: by default
@@ -55,6 +60,10 @@ from .registry import build_verifier, register
 _MAX_CACHED_ARGS = 65536  # larger argument texts are validated uncached
 _MAX_PAIRWISE = 4096  # batch comparisons beyond this are not attempted pairwise (adversarial batches)
 _MAX_FREE_TEXT_CHARS = 20_000  # longer free text must be equal after normalization (as string_similarity)
+CREDITS = ("binary", "arguments")
+# Verdicts about argument values: with credit arguments they are paid the share of arguments that are right.
+CREDITED_REASONS = frozenset({Reason.MISSING_ARGUMENT, Reason.EXTRA_ARGUMENT, Reason.ARGUMENT_VALUE_DIFFERENT,
+                              Reason.FACT_MISMATCH})
 
 
 class SchemaInfo(NamedTuple):
@@ -264,6 +273,10 @@ class ToolCallVerifier(Verifier):
         "drop_schema_defaults": Param("bool", True),
         "ignore_arguments": Param("list", []),
         "unordered_lists": Param("bool", False),
+        # binary: a wrong call is 0; arguments: a call to the right tool is paid its share of right arguments.
+        "credit": Param("str", "binary", choices=CREDITS),
+        # A sample passes (n_pass, pass_rate) when its reward is at least this (and above 0: Verifier.passes).
+        "pass_threshold": Param("float", 1.0, lo=0.0, hi=1.0),
     }
     retired = {"ignore_case": "strings: casefold", "strip_punctuation": "strings: bfcl (BFCL's normalization)",
                "collapse_whitespace": "strings: exact collapses runs of whitespace"}
@@ -295,7 +308,15 @@ class ToolCallVerifier(Verifier):
 
     # -- one call ---------------------------------------------------------------------------------
     def score_call(self, expected: Call, candidate: Call, tools: Any) -> Score:
-        """Score one candidate call against one expected call."""
+        """Score one candidate call against one expected call (with partial credit under `credit: arguments`)."""
+        score = self._call_verdict(expected, candidate, tools)
+        if self.config["credit"] == "arguments" and score.reason in CREDITED_REASONS:
+            info = find_schema(tools, expected.name) if tools else None
+            return score._replace(reward=self.argument_credit(expected, candidate, info))
+        return score
+
+    def _call_verdict(self, expected: Call, candidate: Call, tools: Any) -> Score:
+        """The binary verdict on one candidate call against one expected call."""
         if expected.name != candidate.name:
             return Score(0.0, Reason.UNEXPECTED_TOOL, f"expected {expected.name!r}, got {candidate.name!r}")
         if expected.acceptable is None and expected.raw_key == candidate.raw_key:
@@ -344,6 +365,33 @@ class ToolCallVerifier(Verifier):
         return {k: v for k, v in args.items()
                 if k not in self._ignored and not (k in defaults and canonical_key(v) == defaults[k])}
 
+    # -- partial credit ---------------------------------------------------------------------------
+    def argument_credit(self, expected: Call, candidate: Call, info: SchemaInfo | None) -> float:
+        """The share of top-level arguments the candidate got right: right ones / (the expected arguments + the
+        candidate's extra ones), each compared as the verdict compares it (ignored arguments and optional ones equal
+        to their schema default left out). With accepted values, an argument that may be omitted counts only when
+        passed."""
+        if expected.acceptable is not None:
+            args = {k: v for k, v in candidate.args.items() if k not in self._ignored}
+            counted = set(args) | {a for a, accepted in expected.acceptable.items()
+                                   if a not in self._ignored and self._left_out_wrongly(a, accepted, info)}
+            right = sum(1 for a in args if a in expected.acceptable
+                        and self._accepted_argument(expected.acceptable[a], a, args[a], info))
+        else:
+            props = info.props if info is not None else {}
+            exp, cand = self._comparable(expected.args, info), self._comparable(candidate.args, info)
+            counted = set(exp) | set(cand)
+            right = sum(1 for a in exp if a in cand and self.compare(exp[a], cand[a], a, props.get(a), a) is None)
+        return right / len(counted) if counted else 0.0
+
+    def _accepted_argument(self, accepted: Accepted, arg: str, value: Any, info: SchemaInfo | None) -> bool:
+        """A passed argument the verdict lets through: one of its accepted values, or its schema default where it
+        may be omitted (passing the default is omitting it)."""
+        defaults = info.defaults if (info is not None and self.config["drop_schema_defaults"]) else {}
+        if accepted.omittable and arg in defaults and canonical_key(value) == defaults[arg]:
+            return True
+        return self._accepts(accepted, value, arg, info.props.get(arg) if info is not None else None)
+
     # -- several accepted values ------------------------------------------------------------------
     def _score_acceptable(self, acceptable: dict[str, Accepted], candidate: Call, info: SchemaInfo | None) -> Score:
         """The expected call's `acceptable`: every passed argument matches one of its accepted values, every
@@ -379,16 +427,23 @@ class ToolCallVerifier(Verifier):
     def _missing_argument(self, acceptable: dict[str, Accepted], args: dict, info: SchemaInfo | None) -> str | None:
         """The first listed argument left out that may not be: its list lacks `""` (or the tool requires it),
         and its schema default, which omitting it means, is not one of its accepted values."""
-        defaults = info.defaults if (info is not None and self.config["drop_schema_defaults"]) else {}
-        props = info.props if info is not None else {}
-        required = _required(info) if self.config["validate_schema"] else frozenset()
         for arg, accepted in acceptable.items():
-            if arg in args or arg in self._ignored or (accepted.omittable and arg not in required):
+            if arg in args or arg in self._ignored:
                 continue
-            if not (arg in defaults and self._accepts(accepted, loads_canonical(defaults[arg]), arg, props.get(arg))):
+            if self._left_out_wrongly(arg, accepted, info):
                 why = "required by the tool, " if accepted.omittable else ""
                 return f"missing argument {arg!r} ({why}accepted: {_accepted_text(accepted)})"
         return None
+
+    def _left_out_wrongly(self, arg: str, accepted: Accepted, info: SchemaInfo | None) -> bool:
+        """Leaving `arg` out is a miss: its list lacks `""` (or the tool requires it), and its schema default,
+        which omitting it means, is not one of its accepted values."""
+        required = _required(info) if self.config["validate_schema"] else frozenset()
+        if accepted.omittable and arg not in required:
+            return False
+        defaults = info.defaults if (info is not None and self.config["drop_schema_defaults"]) else {}
+        prop = info.props.get(arg) if info is not None else None
+        return not (arg in defaults and self._accepts(accepted, loads_canonical(defaults[arg]), arg, prop))
 
     def _accepts(self, accepted: Accepted, value: Any, arg: str, prop: Any) -> bool:
         return any(self._match(option, value, arg, prop, arg) is None for option in accepted.values)
