@@ -304,17 +304,20 @@ def _with_reward_helpers(select: str, profiles: dict[str, str], rewards: dict[st
         raise ValueError(f"turn_profiles contract: the related rollout_rewards table needs columns {[*key, 'reward']}")
     on = " AND ".join(f"s.{k} IS NOT DISTINCT FROM r.{k}" for k in key)
     below_k = " AND r.sample_index < s.k" if "sample_index" in rewards else ""
+    # n_pass counts the rewards that pass (verifiers.base.passes) under the threshold the row records; 1.0 without one
+    threshold = "coalesce(s.pass_threshold, 1.0)" if "pass_threshold" in profiles else "1.0"
     return f"""
         WITH taken AS (
             SELECT s.__file, s.__row, count(*) AS n_rewards, avg(r.reward) AS mean_reward,
-                   count(*) FILTER (WHERE r.reward = 1.0) AS n_full, bool_and(r.reward IN (0.0, 1.0)) AS binary_rewards
+                   count(*) FILTER (WHERE r.reward > 0 AND r.reward >= {threshold}) AS n_passing,
+                   bool_and(r.reward IN (0.0, 1.0)) AS binary_rewards
             FROM contract_source s JOIN related_rollout_rewards r ON {on}{below_k}
             GROUP BY s.__file, s.__row
         )
         SELECT {select},
                coalesce(r.n_rewards, 0) - s.k AS k_gap,
                abs(s.reward_mean - r.mean_reward) AS mean_gap,
-               s.n_pass - coalesce(r.n_full, 0) AS n_pass_gap,
+               s.n_pass - coalesce(r.n_passing, 0) AS n_pass_gap,
                CASE WHEN r.binary_rewards THEN abs(s.reward_var - s.reward_mean * (1 - s.reward_mean)) END AS var_gap
         FROM contract_source s LEFT JOIN taken r ON s.__file IS NOT DISTINCT FROM r.__file AND s.__row = r.__row"""
 

@@ -405,10 +405,26 @@ REWARD_VAR_SQL = """(case when count(distinct s.reward) = 1 then 0.0
           else least(var_pop(s.reward), avg(s.reward) * (1 - avg(s.reward)), 0.25) end)"""
 
 
-def profiles_sql(wh: Warehouse, shard: int | None = None, k: int | None = None, round_size: int = 2) -> str:
+def pass_threshold_sql(pass_thresholds: dict[str | None, float] | None, domain: str) -> str:
+    """The pass threshold of the `domain` column's verifier (DomainVerifiers.pass_thresholds; None: 1.0)."""
+    thresholds = pass_thresholds or {None: 1.0}
+    listed = " ".join(f"when {_sql_text(d)} then {float(t)!r}" for d, t in thresholds.items() if d is not None)
+    default = f"{float(thresholds.get(None, 1.0))!r}"
+    return f"(case {domain} {listed} else {default} end)::double" if listed else f"{default}::double"
+
+
+def _sql_text(value: str) -> str:
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def profiles_sql(wh: Warehouse, shard: int | None = None, k: int | None = None, round_size: int = 2,
+                 pass_thresholds: dict[str | None, float] | None = None) -> str:
     """One row per turn under (policy_fp, sampling_fp, verifier_fp) from its samples below k; population variance
-    (ddof=0), so for binary rewards reward_var = mean * (1 - mean). Also the expert action's likelihood, and the
-    columns the adaptive rule reads (adaptive.RULE_COLUMNS: dropped from turn_profiles)."""
+    (ddof=0), so for binary rewards reward_var = mean * (1 - mean). n_pass counts the samples that pass
+    (verifiers.base.passes: reward above 0 and at least the domain verifier's pass_threshold, recorded per row).
+    Also the expert action's likelihood, and the columns the adaptive rule reads (adaptive.RULE_COLUMNS: dropped
+    from turn_profiles)."""
+    threshold = pass_threshold_sql(pass_thresholds, "u.domain")
     rewards = read_sql(wh, 'rollout_rewards', shard) if wh.part_files('rollout_rewards', shard) else 'no_rewards'
     likelihoods = (read_sql(wh, 'expert_likelihoods', shard) if wh.part_files('expert_likelihoods', shard)
                    else 'no_likelihoods')
@@ -419,7 +435,8 @@ def profiles_sql(wh: Warehouse, shard: int | None = None, k: int | None = None, 
                avg(s.reward) as reward_mean,
                {REWARD_VAR_SQL} as reward_var,
                sqrt({REWARD_VAR_SQL}) as reward_std,
-               count(*) filter (where s.reward >= 1.0)::int as n_pass,
+               count(*) filter (where s.reward > 0 and s.reward >= {threshold})::int as n_pass,
+               {threshold} as pass_threshold,
                count(distinct coalesce(s.action, '<unparsed>'))::int as n_distinct_actions,
                l.expert_logprob, l.expert_tokens,
                sum(s.reward) as reward_sum,
@@ -441,14 +458,15 @@ def profiles_sql(wh: Warehouse, shard: int | None = None, k: int | None = None, 
 
 
 def build_profiles(wh: Warehouse, policy_fp: str, sampling_fp: str, verifier_fp: str, turn_ids: Iterable[str],
-                   shard: int | None = None, k: int | None = None, round_size: int = 2) -> pa.Table:
+                   shard: int | None = None, k: int | None = None, round_size: int = 2,
+                   pass_thresholds: dict[str | None, float] | None = None) -> pa.Table:
     """The profile rows with the adaptive rule's columns (adaptive.annotate turns them into turn_profiles)."""
     con = wh.duck()
     _with_wanted(con, turn_ids)
     con.register("no_rewards", REWARDS_SCHEMA.empty_table())  # a shard with no rows yet has an empty profile
     con.register("no_likelihoods", EXPERT_LIKELIHOODS_SCHEMA.empty_table())
     table = con.execute(
-        profiles_sql(wh, shard, k, round_size),
+        profiles_sql(wh, shard, k, round_size, pass_thresholds),
         {"policy_fp": policy_fp, "sampling_fp": sampling_fp, "verifier_fp": verifier_fp},
     ).fetch_arrow_table()
     con.close()
@@ -821,7 +839,8 @@ class Profiler:
     def counts(self) -> pa.Table:
         """The profile rows with the adaptive rule's columns (adaptive.RULE_COLUMNS)."""
         return build_profiles(self.wh, self.policy_fp, self.sampling_fp, self.verifiers.fingerprint, self.turns,
-                              shard=self.shard, k=self.sampling.k, round_size=self.round_size)
+                              shard=self.shard, k=self.sampling.k, round_size=self.round_size,
+                              pass_thresholds=self.verifiers.pass_thresholds)
 
     def profile(self) -> pa.Table:
         """One row per wanted turn under (policy_fp, sampling_fp, verifier_fp): its samples below k, why its
