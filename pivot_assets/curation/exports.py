@@ -17,7 +17,7 @@ HF (`to_hf_dataset`), one row per pivot:
                  prompt itself (pivot_assets/grpo.py does).
   expert_action  JSON text of the action (core/shapes.py).
   turn_id, trajectory_id, domain, message_index, action_kind, pivot_set, selection_rank and the profile
-  stats (policy_fp, verifier_fp, k, reward_mean, reward_var, reward_std, n_pass, n_distinct_actions).
+  stats (policy_fp, verifier_fp, k, reward_mean, reward_var, reward_std, n_pass, n_distinct_actions, pass_threshold).
 
   conversation_id  the trajectory's source-conversation key (ingest/formats/), for splits grouped by conversation.
   environment    the trajectory's executable environment (JSON text, null when it has none): what a verifier that
@@ -39,8 +39,10 @@ plus the profile as NVIDIA's published pivot rows (nvidia/Nemotron-RL-Agentic-Co
 carry it, top-level: `trajectory_id`; `<profile_key>`: {rewards: the profile's per-sample rewards in sample order
 (null when the warehouse holds no rollout_rewards for it), reward_mean, reward_std, reward_var}, the key
 `qwen_235b_info` unless named (the field NeMo-RL's examples/nemo_gym/prepare_conversational_tool_use_pivot_data.py
-filters on); `pass_rate` (n_pass / k), `pass_rate_total` (k) and `pass_rate_passed` (n_pass: samples with reward
-1). Both come from the one reference profile the pivot was selected by.
+filters on); `pass_rate` (n_pass / k), `pass_rate_total` (k) and `pass_rate_passed` (n_pass: the samples that
+pass, reward at least the verifier's pass_threshold: 1 for 0/1 rewards). Both come from the one reference profile
+the pivot was selected by. With a continuous reward the profile object's reward_mean is the mean reward and
+pass_rate the share of passing samples: they differ.
 Items: system/user messages {type: message, role, content: str}; an assistant message becomes a reasoning
 item (if any), an assistant message item with output_text content (if any text) and one function_call
 item per call {type, call_id, name, arguments: JSON text}; tool results {type: function_call_output,
@@ -66,7 +68,8 @@ DEFAULT_PROFILE_KEY = "qwen_235b_info"  # the profile object NeMo-RL's pivot dat
 # the keys a row has besides the profile object, which therefore cannot name it
 NEMO_GYM_ROW_KEYS = ("trajectory_id", "responses_create_params", "expected_action", "agent_ref", "pass_rate",
                      "pass_rate_total", "pass_rate_passed", "metadata")
-PROFILE_STATS = ("policy_fp", "verifier_fp", "k", "reward_mean", "reward_var", "reward_std", "n_pass", "n_distinct_actions")
+PROFILE_STATS = ("policy_fp", "verifier_fp", "k", "reward_mean", "reward_var", "reward_std", "n_pass", "n_distinct_actions",
+                 "pass_threshold")
 REWARD_STATS = ("reward_mean", "reward_std", "reward_var")  # the profile object's stats, in NVIDIA's rows' order
 # trajectory columns a warehouse ingested before they existed lacks (exported as null)
 OPTIONAL_TRAJECTORY_COLUMNS = ("conversation_id", "environment")
@@ -288,12 +291,18 @@ def nemo_gym_rows(pivot_states: Iterable[tuple[dict, list[dict], list[dict]]],
             "expected_action": expected,
             profile_key: {"rewards": pivot.get("rewards"), **{name: pivot.get(name) for name in REWARD_STATS}},
             "agent_ref": {"type": "responses_api_agents", "name": agent_name},
-            "pass_rate": n_pass / k if k and n_pass is not None else None,
+            "pass_rate": pass_rate(k, n_pass),
             "pass_rate_total": k,
             "pass_rate_passed": n_pass,
             "metadata": {name: pivot.get(name) for name in ("turn_id", "trajectory_id", "conversation_id", "domain",
                                                             "pivot_set", "selection_rank", *PROFILE_STATS)},
         }
+
+
+def pass_rate(k: int | None, n_pass: int | None) -> float | None:
+    """The share of a profile's samples that pass (n_pass counts them by the verifier's pass_threshold): never the
+    mean reward, which a continuous reward makes another number. None without samples or a count."""
+    return n_pass / k if k and n_pass is not None else None
 
 
 def write_jsonl(rows: Iterable[dict], path: str | Path) -> int:
@@ -377,6 +386,7 @@ def _hf_features():
         "action_kind": "string", "expert_action": "string", "selection_rank": "int64", "pivot_set": "string",
         "policy_fp": "string", "verifier_fp": "string", "k": "int64", "reward_mean": "float64",
         "reward_var": "float64", "reward_std": "float64", "n_pass": "int64", "n_distinct_actions": "int64",
+        "pass_threshold": "float64",
         "conversation_id": "string", "environment": "string",
     }
     return Features({"prompt": List(message), "tools": Value("string"), **{k: Value(v) for k, v in scalars.items()}})

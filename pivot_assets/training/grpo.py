@@ -113,9 +113,11 @@ def make_verifier_reward(domain_verifiers, tokenizer=None):
     The returned function has TRL's signature
     `reward(prompts, completions, completion_ids=None, expert_action=None, tools=None, domain=None, **kw)`
     (every dataset column arrives as a per-completion list) and returns one float in [0, 1] per
-    completion. It appends {step, turn_id, completion, reward, reason} for every completion to
-    `reward.completions_log` (a list the caller persists), so the rewards the trainer saw can be
-    recomputed from the log. With a `tokenizer`, each completion is the decode_completion of its ids (profiling's
+    completion: the verifier's reward as profiling stored it, continuous where the verifier gives partial credit
+    (never cut to its pass threshold). It appends {step, turn_id, completion, reward, reason, passed} for every
+    completion to `reward.completions_log` (a list the caller persists), so the rewards the trainer saw can be
+    recomputed from the log; `passed` is the verifier's pass verdict (Verifier.passes), as n_pass counts it.
+    With a `tokenizer`, each completion is the decode_completion of its ids (profiling's
     decoding rule) rather than TRL's text.
     """
     completions_log: list[dict] = []
@@ -154,7 +156,8 @@ def make_verifier_reward(domain_verifiers, tokenizer=None):
             score = verifier.score(expert_action[i], text, tools=tool_lists[i], state=state)
             rewards.append(float(score.reward))
             completions_log.append({"step": step, "turn_id": turn_ids[i], "domain": domains[i],
-                                    "completion": text, "reward": float(score.reward), "reason": score.reason})
+                                    "completion": text, "reward": float(score.reward), "reason": score.reason,
+                                    "passed": verifier.passes(score.reward)})
         return rewards
 
     verifier_reward.completions_log = completions_log
