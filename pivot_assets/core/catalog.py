@@ -117,6 +117,20 @@ EARLY_STOPS = ("settled", "posterior")  # stopped before k because the rule vouc
 SKIPPED_TURNS = "skipped_turns"
 SKIPPED_TURNS_SCHEMA = pa.schema([("turn_id", pa.string()), ("trajectory_id", pa.string()), ("reason", pa.string()),
                                   ("n_prompt_tokens", pa.int64()), ("max_prompt_tokens", pa.int64())])
+# Profiles a pivot row arrived with (profiling/imported.py; pivots.profile_source picks them or the sampled
+# turn_profiles), one row per turn: policy_fp "imported:<model>", verifier_fp "imported", sampling_fp null;
+# source / source_fp / record: the input file, its content fingerprint and the row; source_turn_id: the turn id the
+# row names (metadata.turn_id of this project's export), null when it names none; rewards: per-sample rewards when
+# the row lists them; n_distinct_actions null (a row states no sampled actions).
+IMPORTED_PROFILES = "imported_profiles"
+IMPORTED_PROFILES_SCHEMA = pa.schema(
+    [("turn_id", pa.string()), ("trajectory_id", pa.string()), ("domain", pa.string()), ("policy_fp", pa.string()),
+     ("sampling_fp", pa.string()), ("verifier_fp", pa.string()), ("k", pa.int32()), ("reward_mean", pa.float64()),
+     ("reward_var", pa.float64()), ("reward_std", pa.float64()), ("n_pass", pa.int32()),
+     ("n_distinct_actions", pa.int32()), ("rewards", pa.list_(pa.float64())), ("profile_source", pa.string()),
+     ("model", pa.string()), ("source", pa.string()), ("source_fp", pa.string()), ("record", pa.int64()),
+     ("source_turn_id", pa.string())]
+)
 # rule: the selection rule in force (pivots.rule), the same on every row of one selection
 SELECTION_LOG_SCHEMA = pa.schema(
     [("turn_id", pa.string()), ("set", pa.string()), ("kept", pa.bool_()), ("reason", pa.string()),
@@ -201,6 +215,7 @@ TABLES: dict[str, Table] = {
         *(Table(name, _PROFILE_KEY, blocking=True, related=("turns",)) for name in PIVOT_TABLES),
         Table(SELECTION_LOG, ("turn_id", "set"), SELECTION_LOG_SCHEMA, contract=False),
         Table(SKIPPED_TURNS, ("turn_id",), SKIPPED_TURNS_SCHEMA, contract=False),
+        Table(IMPORTED_PROFILES, _PROFILE_KEY, IMPORTED_PROFILES_SCHEMA, contract=False),
         Table(RULE_COMPARISON, ("rule",), RULE_COMPARISON_SCHEMA, contract=False),
         Table(REFRESH_PROFILES, ("round", "turn_id"), REFRESH_PROFILES_SCHEMA, contract=False),
         Table(REFRESH_BUDGET, ("round", "phase"), REFRESH_BUDGET_SCHEMA, contract=False),

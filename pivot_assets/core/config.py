@@ -256,6 +256,10 @@ class PivotsSection(_Strict):
         "that holds this share of their total variance."))
     min_std: Annotated[float, In(PIVOTS)] = Field(MIN_STD, ge=0.0, description=(
         "rule std_min: the adv set keeps mixed turns whose reward std is at least this."))
+    profile_source: Annotated[Literal["sampled", "imported"], In(PIVOTS)] = Field("sampled", description=(
+        "The turn profiles selection reads: sampled (turn_profiles, from the reference policy's samples) | "
+        "imported (imported_profiles: the pass rates NeMo-Gym pivot rows arrive with, e.g. NVIDIA's released pivot "
+        "sets; no sampling, no policy loaded). A turn can have both."))
     max_per_trajectory: Annotated[int | None, In(PIVOTS)] = Field(None, ge=1, description=(
         "At most this many pivots per trajectory; null: no cap."))
     cand_size: Annotated[int | None, In(PIVOTS)] = Field(None, ge=0, description=(
@@ -280,11 +284,12 @@ class PivotsSection(_Strict):
 
     def idle_rule_fields(self) -> set[str]:
         """The rule fields that do not decide the sets under the rule in force: the other rules' parameters, and
-        `rule` itself under the default (core/identity.pivots_version leaves them out, so the pivot sets selected
-        before there was a choice of rule keep their code version)."""
+        `rule` itself under the default, and `profile_source` under the default (core/identity.pivots_version leaves
+        them out, so the pivot sets selected before there was a choice of rule or source keep their code version)."""
         own = SELECTION_RULES[self.rule]
         idle = {field for field in SELECTION_RULES.values() if field not in (own, "lambda_diff")}
-        return idle | ({"rule"} if self.rule == DEFAULT_RULE else set())
+        return idle | ({"rule"} if self.rule == DEFAULT_RULE else set()) | (
+            {"profile_source"} if self.profile_source == "sampled" else set())
 
 
 class TrainingSection(_Strict):

@@ -38,7 +38,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pivot_assets.core import parts
-from pivot_assets.core.catalog import RULE_COMPARISON, RULE_COMPARISON_SCHEMA, SKIPPED_TURNS, SKIPPED_TURNS_SCHEMA, SQL_DIR
+from pivot_assets.core.catalog import IMPORTED_PROFILES, IMPORTED_PROFILES_SCHEMA, RULE_COMPARISON, RULE_COMPARISON_SCHEMA
+from pivot_assets.core.catalog import SKIPPED_TURNS, SKIPPED_TURNS_SCHEMA, SQL_DIR
 
 # A kill test's named hold point: a process whose environment has PIVOT_HOLD_AFTER_PART=<table> stops for good once
 # it has written a part of that table, so a test kills a run mid-table on any model, fast or slow, without racing it.
@@ -619,10 +620,13 @@ class Warehouse:
         return st.st_ino, st.st_size, st.st_mtime_ns
 
 
-_DUCK_TYPES = {"string": "varchar", "int64": "bigint", "bool": "boolean", "double": "double"}
+_DUCK_TYPES = {"string": "varchar", "int64": "bigint", "int32": "integer", "bool": "boolean", "double": "double",
+               "list<item: double>": "double[]"}
 # Tables an sql/ view reads that a warehouse may lack: none skipped (profiled before the prompt guard), no rule
-# comparison (selected before the selection rules); an empty view stands in.
-_EMPTY_WHEN_ABSENT = {SKIPPED_TURNS: SKIPPED_TURNS_SCHEMA, RULE_COMPARISON: RULE_COMPARISON_SCHEMA}
+# comparison (selected before the selection rules), no imported profiles (no pivot row arrived profiled); an empty
+# view stands in.
+_EMPTY_WHEN_ABSENT = {SKIPPED_TURNS: SKIPPED_TURNS_SCHEMA, RULE_COMPARISON: RULE_COMPARISON_SCHEMA,
+                      IMPORTED_PROFILES: IMPORTED_PROFILES_SCHEMA}
 
 
 def _strip_sql(text: str) -> str:

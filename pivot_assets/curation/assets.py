@@ -10,7 +10,7 @@ from pivot_assets.core.plots import bars_png, markdown_image, save_png
 from pivot_assets.core.warehouse import Warehouse
 from pivot_assets.materialization import number_table, publish
 
-from .tables import check_table, contract_params, export_set, select_and_write
+from .tables import check_table, contract_params, export_set, profiles_table, select_and_write
 
 GROUP = __package__.rsplit(".", 1)[-1]
 CONTRACT_CHECK = "data_contract"
@@ -32,11 +32,12 @@ def funnel_plot(wh: Warehouse, funnel: dict[str, int]) -> str:
 
 
 def build_pivot_sets_asset(cfg: PivotConfig, wh: Warehouse):
-    """All three sets and the selection log from ONE selection over one profile generation."""
+    """All three sets and the selection log from ONE selection over one profile generation: the sampled
+    turn_profiles or the imported_profiles (pivots.profile_source)."""
 
     @dg.multi_asset(
         specs=[
-            dg.AssetSpec(name, deps=["turn_profiles", "turns"], group_name=GROUP, description=text,
+            dg.AssetSpec(name, deps=[profiles_table(cfg.pivots), "turns"], group_name=GROUP, description=text,
                          code_version=pivots_version(cfg.pivots), kinds={"parquet", "duckdb"})
             for name, text in PIVOT_SET_DOCS.items()
         ],

@@ -375,7 +375,10 @@ def compile_expectation(expectation: dict, columns: dict[str, str], params: dict
     if kind == "expect_column_pair_values_a_to_be_greater_than_b":
         a, b = _ident(kwargs["column_A"]), _ident(kwargs["column_B"])
         op = ">=" if kwargs.get("or_equal") else ">"
-        return Rule(involved, unexpected=f"NOT ({a} IS NULL AND {b} IS NULL) AND NOT coalesce({a} {op} {b}, false)")
+        # GE's ignore_row_if: rows with both values missing are skipped, or with either under either_value_is_missing
+        either = kwargs.get("ignore_row_if") == "either_value_is_missing"
+        skipped = f"({a} IS NULL OR {b} IS NULL)" if either else f"({a} IS NULL AND {b} IS NULL)"
+        return Rule(involved, unexpected=f"NOT {skipped} AND NOT coalesce({a} {op} {b}, false)")
     if kind in ("expect_column_values_to_be_unique", "expect_compound_columns_to_be_unique"):
         return Rule(involved, unique=involved)
     return Rule(involved, error=f"expectation type {kind} has no SQL form here")

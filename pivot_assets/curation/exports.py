@@ -122,8 +122,11 @@ def stream_pivot_states(pivots_path: str, trajectories_path: str, batch_size: in
         present = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM read_parquet('{trajectories_path}')").fetchall()}
         optional = ", ".join(f"{'t.' + c if c in present else 'NULL'} AS {c}" for c in OPTIONAL_TRAJECTORY_COLUMNS)
         rewards = _rewards_sql(rewards_path, columns) if rewards_path else "NULL"
+        pivot = "p.*"
+        if "rewards" in columns:  # an imported profile's own per-sample rewards (profiling/imported.py)
+            pivot, rewards = "p.* EXCLUDE (rewards)", "p.rewards"
         reader = con.execute(f"""
-            SELECT p.*, {rewards} AS rewards, t.trajectory_id IS NOT NULL AS _found, len(t.messages) AS _n_messages,
+            SELECT {pivot}, {rewards} AS rewards, t.trajectory_id IS NOT NULL AS _found, len(t.messages) AS _n_messages,
                    t.messages[p.message_index + 1].role AS _target_role, t.tools AS _tools, {optional},
                    list_slice(t.messages, 1, p.message_index) AS _state
             FROM read_parquet('{pivots_path}') p

@@ -13,7 +13,8 @@ Definitions (PivotRL, arXiv 2603.21383, section 3):
                                      top_p of their total variance (RAGEN-2)
                      std_min         sqrt(reward_var) >= min_std (OpenRLHF #1270; for continuous rewards)
     pivots_cand  = a seeded random sample of candidates, len(pivots_adv) rows unless cand_size is set
-                   (the no-filter ablation)
+                   (the no-filter ablation); keyed on turn_id, or on the source_turn_id an imported profile
+                   carries (profiling/imported.py)
 
 Each set is filtered by its definition first, then ranked (reward_var desc, then lower reward_mean,
 then turn_id), then capped: at most `max_per_trajectory` rows per trajectory (best ranks kept), then at
@@ -286,8 +287,16 @@ def sample_key(seed: int, turn_id: str) -> str:
     return seeded_digest(seed, turn_id).hex()
 
 
+def _draw_ids(candidates: pl.DataFrame) -> pl.Series:
+    """The ids D_cand's draw is keyed on: a turn's own, or the turn id its imported profile's row names
+    (imported_profiles.source_turn_id), so a pool exported and imported again draws the same turns."""
+    if "source_turn_id" not in candidates.columns:
+        return candidates["turn_id"]
+    return candidates.select(pl.coalesce("source_turn_id", "turn_id"))["source_turn_id"]
+
+
 def _sample_candidates(candidates: pl.DataFrame, size: int, options: PivotsSection, log: list[pl.DataFrame]) -> pl.DataFrame:
-    keys = [sample_key(options.seed, t) for t in candidates["turn_id"].to_list()]
+    keys = [sample_key(options.seed, t) for t in _draw_ids(candidates).to_list()]
     shuffled = candidates.with_columns(pl.Series("_key", keys, dtype=pl.Utf8)).sort("_key").drop("_key")
     sink: list[pl.DataFrame] = []
     capped = _cap_and_rank(shuffled, options, "cand", sink)

@@ -7,7 +7,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from pivot_assets.core.catalog import PIVOT_TABLES, RULE_COMPARISON, SELECTION_LOG, SET_TABLES
+from pivot_assets.core.catalog import IMPORTED_PROFILES, PIVOT_TABLES, RULE_COMPARISON, SELECTION_LOG, SET_TABLES
 from pivot_assets.core.config import PivotConfig, PivotsSection
 from pivot_assets.core.warehouse import Warehouse
 
@@ -18,7 +18,7 @@ def select_and_write(wh: Warehouse, pivots: PivotsSection) -> dict[str, int]:
     they always agree."""
     from pivot_assets.curation.selection import compare_rules, funnel_counts, select_pivots
 
-    profiles, turns = wh.read("turn_profiles"), wh.read("turns")
+    profiles, turns = wh.read(profiles_table(pivots)), wh.read("turns")
     result = select_pivots(profiles, turns, pivots)
     for table in PIVOT_TABLES:
         wh.write_table(table, result[table].to_arrow())
@@ -27,9 +27,16 @@ def select_and_write(wh: Warehouse, pivots: PivotsSection) -> dict[str, int]:
     return funnel_counts(result)
 
 
+def profiles_table(pivots: PivotsSection) -> str:
+    """The profiles selection reads: turn_profiles (sampled) or imported_profiles (pivots.profile_source)."""
+    return IMPORTED_PROFILES if pivots.profile_source == "imported" else "turn_profiles"
+
+
 def contract_params(cfg: PivotConfig) -> dict:
     pivots = cfg.pivots
-    return {"lambda_diff": pivots.lambda_diff, "policy_k": cfg.policy.k, "rule": pivots.rule, "band": pivots.band,
+    # an imported profile's k is the source's sample count, not bounded by this project's policy.k
+    policy_k = cfg.policy.k if pivots.profile_source == "sampled" else None
+    return {"lambda_diff": pivots.lambda_diff, "policy_k": policy_k, "rule": pivots.rule, "band": pivots.band,
             "min_std": pivots.min_std}
 
 
