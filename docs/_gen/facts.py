@@ -300,8 +300,9 @@ HF_COLUMN_MEANING = {
     "reward_mean": "the profile's mean reward",
     "reward_var": "its variance",
     "reward_std": "its standard deviation",
-    "n_pass": "samples with reward 1",
+    "n_pass": "samples that pass: reward at least `pass_threshold` (1 for 0/1 rewards)",
     "n_distinct_actions": "distinct actions among the samples",
+    "pass_threshold": "the verifier's pass threshold that `n_pass` counts by",
     "conversation_id": "the source conversation (for splits grouped by conversation)",
     "environment": "the trajectory's executable environment, JSON text (null when it has none): what `executed_state` "
                    "rebuilds the turn's world from",
