@@ -60,6 +60,22 @@ SWEEP_DEFAULTS = {
     "eval_k": 4,        # samples per sweep-slice item
     "tie": 0.02,        # accuracies within this of the best count as a tie: the smallest such rate is chosen
 }
+SFT_SWEEP_DEFAULTS = {
+    "learning_rates": [],  # sft_same_data's rates tried on the sweep slice (empty: ablation.sft_learning_rate)
+    "epochs": None,        # passes over D_adv's pool per rate; null: ablation.epochs (the run's own budget)
+}
+# Phase (a)'s environment: what makes its outputs (the block) equal on every x86 CPU these runs meet. oneMKL honours
+# its reproducibility branch on AMD CPUs only as COMPATIBLE (AVX2 and AVX512 read back as AUTO there); ATen's and
+# oneDNN's kernels are pinned to the AVX2 code paths both vendors have; one thread orders every reduction.
+PINNED_ENV = {"MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+              "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PIVOT_TORCH_DETERMINISTIC": "1"}
+# Every Python process of phase (a) imports this first (PYTHONPATH): torch's deterministic algorithms, float32 matmuls
+SITE_CUSTOMIZE = """import os
+if os.environ.get("PIVOT_TORCH_DETERMINISTIC") == "1":
+    import torch
+    torch.use_deterministic_algorithms(True)
+    torch.set_float32_matmul_precision("highest")
+"""
 
 
 # -- config ------------------------------------------------------------------------------------------
@@ -76,6 +92,9 @@ def read_raw(config: Path) -> tuple[dict, dict]:
     section.setdefault("curves", f"bench/RESULTS_{stem}_curves.png")
     section.setdefault("half_width", None)
     section["sweep"] = {**SWEEP_DEFAULTS, **(section.get("sweep") or {})}
+    section["sft_sweep"] = {**SFT_SWEEP_DEFAULTS, **(section.get("sft_sweep") or {})}
+    section.setdefault("ood", False)  # true: every model of the run also answers the OOD probe (ood_<model>_d<draw>)
+    section.setdefault("pinned", True)  # phase (a) in PINNED_ENV
     if section["learning_rate"] not in (None, SWEEP):
         raw.setdefault("training", {})["learning_rate"] = float(section["learning_rate"])
     return raw, section
@@ -126,6 +145,10 @@ def eval_name(model: str, draw: int) -> str:
     return f"eval_{model}_d{draw}.parquet"
 
 
+def ood_name(model: str, draw: int) -> str:
+    return f"ood_{model}_d{draw}.parquet"
+
+
 def unit_plan(arms: list[str], seeds: list[int]) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
     return ([(a, s) for s in seeds for a in arms], [(m, d) for d in seeds for m in (REFERENCE, *arms)])
 
@@ -153,6 +176,13 @@ def write_json_atomic(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def arm_learning_rate(cfg, arm: str) -> float:
+    """The rate an arm trained at: same-data SFT's own (ablation.sft_learning_rate, else sft's), GRPO's otherwise."""
+    if arm == SFT_ARM:
+        return cfg.ablation.sft_learning_rate or cfg.sft.learning_rate
+    return cfg.training.learning_rate
+
+
 def _train_unit_job(root: str, cfg, arm: str, seed: int, out: str | None, block: str | None = None) -> dict:
     """train_arm in a worker (training/ablation._train_arm_job); writes the unit file when `out` is given."""
     from pivot_assets.core.warehouse import Warehouse
@@ -166,11 +196,11 @@ def _train_unit_job(root: str, cfg, arm: str, seed: int, out: str | None, block:
         const = {"arm": arm, "seed": seed, "pool": run["pool"], "steps_total": run["steps"],
                  "turns_trained": run["turns_trained"], "useful_share": run["useful_share"],
                  "cand_overlap_adv": run["cand_overlap_adv"], "train_s": run["train_s"],
-                 "learning_rate": cfg.training.learning_rate, "num_generations": cfg.training.num_generations,
+                 "learning_rate": arm_learning_rate(cfg, arm), "num_generations": cfg.training.num_generations,
                  "key": run["key"], "host": socket.gethostname(), "machine": machine(),
                  "finished_at": time.time(),
                  "unit_wall_s": round(time.time() - t0, 1), "retrained_from_cache": bool(run.get("skipped")),
-                 "block": block}
+                 "block": block, "turn_ids_trained": run.get("turn_ids_trained")}
         rows = [{"step": int(r["step"]), "reward_mean": r.get("reward_mean"),
                  "frac_reward_zero_std": r.get("frac_reward_zero_std"),
                  "useful": (None if r.get("frac_reward_zero_std") is None else 1.0 - r["frac_reward_zero_std"]),
@@ -228,6 +258,37 @@ def _eval_unit_job(root: str, cfg, model: str, draw: int, rows: list[dict], grou
     return len(out_rows)
 
 
+def _ood_unit_job(root: str, cfg, model: str, draw: int, out: str, block: str | None = None) -> int:
+    """The OOD probe (every item, greedy: evaluation/ood_probe.ood_accuracy) for one model -> the unit file, one row
+    per item (its family, its answer, the completion, correct)."""
+    from pivot_assets.core import hardware
+    from pivot_assets.core.warehouse import Warehouse
+    from pivot_assets.evaluation.heldout import evaluation_engine
+    from pivot_assets.evaluation.ood_probe import (
+        CATEGORY_MATCH,
+        FAMILY,
+        ood_accuracy,
+        probe_items,
+    )
+    from pivot_assets.policies.models import PromptFormat
+    from pivot_assets.training.runs import model_fingerprint
+
+    hardware.configure_torch(cfg.runtime.threads)
+    path = model_path(Warehouse(root), cfg, model, draw)
+    items = probe_items(cfg.evaluation.ood_probe, cfg.evaluation.ood_max_items)
+    engine, details = evaluation_engine(cfg), []
+    t0 = time.time()
+    ood_accuracy(path, items, seed=cfg.evaluation.seed, dtype=hardware.policy_precision(engine).dtype,
+                 device=engine.device, details=details, fmt=PromptFormat.from_policy(engine))  # as pivot_eval's
+    const = {"model": model, "draw": draw, "model_fp": model_fingerprint(path, cfg), "seconds": round(time.time() - t0, 1),
+             "host": socket.gethostname(), "machine": machine(), "finished_at": time.time(), "block": block}
+    rows = [{"item": i, "kind": d["kind"], "family": FAMILY.get(d["kind"], d["kind"]),
+             "match": CATEGORY_MATCH[d["kind"]], "prompt": d["prompt"], "answer": d["answer"],
+             "completion": d["completion"], "reward": float(d["correct"]), **const} for i, d in enumerate(details)]
+    write_parquet_atomic(rows, Path(out))
+    return len(rows)
+
+
 SUPERSEDED = "superseded"  # <data>/superseded/: units of a seed left incomplete by another phase (a)
 
 
@@ -250,13 +311,14 @@ def unit_block(path: Path) -> str | None:
     return pq.read_table(path, columns=["block"]).column("block")[0].as_py() if "block" in names else None
 
 
-def supersede_other_blocks(data: Path, seeds: list[int], arms: list[str], block: str) -> list[str]:
+def supersede_other_blocks(data: Path, seeds: list[int], arms: list[str], block: str, ood: bool = False) -> list[str]:
     """A seed's units are compared with each other (adv - cand on its draw, against its reference), so they must
     come from one phase (a): the units of a seed that is not complete and that another block wrote (or that
     predate blocks) move to <data>/superseded/ and are computed again. A complete seed is kept whatever its block."""
     moved = []
     for seed in seeds:
         names = [train_name(a, seed) for a in arms] + [eval_name(m, seed) for m in (REFERENCE, *arms)]
+        names += [ood_name(m, seed) for m in (REFERENCE, *arms)] if ood else []
         names += [retrain_name(a, seed) for a in arms]
         present = [n for n in names if (data / n).is_file()]
         if all((data / n).is_file() for n in names if not n.startswith("retrain_")):
@@ -273,22 +335,27 @@ def retrain_name(arm: str, seed: int) -> str:
     return f"retrain_{arm}_s{seed}.parquet"
 
 
-def unit_tasks(train_units, eval_units, missing_train, missing_eval, data: Path, has_model) -> list[dict]:
+def unit_tasks(train_units, eval_units, missing_train, missing_eval, data: Path, has_model,
+               missing_ood=()) -> list[dict]:
     """The jobs for the missing units, seed by seed (so that a slice of the run completes whole seeds): train (and
     evaluate, when its evaluation is missing) each arm whose train unit is missing or whose model an evaluation needs
-    and the work dir lacks; evaluate the arms' models that are there; then the seed's reference evaluation."""
+    and the work dir lacks; evaluate the arms' models that are there; then the seed's reference evaluation. An
+    evaluation is the held-out one (eval_out) and, where missing_ood names the unit, the OOD probe (ood_out)."""
     tasks = []
     for seed in dict.fromkeys(s for _, s in [*train_units, *eval_units]):
         for a, s in [u for u in train_units if u[1] == seed]:
-            eval_out = str(data / eval_name(a, s)) if (a, s) in missing_eval else None
-            if (a, s) in missing_train or (eval_out and not has_model(a, s)):
+            outs = {"eval_out": str(data / eval_name(a, s)) if (a, s) in missing_eval else None,
+                    "ood_out": str(data / ood_name(a, s)) if (a, s) in missing_ood else None}
+            needs_model = any(outs.values())
+            if (a, s) in missing_train or (needs_model and not has_model(a, s)):
                 name = train_name(a, s) if (a, s) in missing_train else retrain_name(a, s)
-                tasks.append({"model": a, "seed": s, "train_out": str(data / name), "eval_out": eval_out})
-            elif eval_out:
-                tasks.append({"model": a, "seed": s, "train_out": None, "eval_out": eval_out})
-        if (REFERENCE, seed) in missing_eval:
-            tasks.append({"model": REFERENCE, "seed": seed, "train_out": None,
-                          "eval_out": str(data / eval_name(REFERENCE, seed))})
+                tasks.append({"model": a, "seed": s, "train_out": str(data / name), **outs})
+            elif needs_model:
+                tasks.append({"model": a, "seed": s, "train_out": None, **outs})
+        outs = {"eval_out": str(data / eval_name(REFERENCE, seed)) if (REFERENCE, seed) in missing_eval else None,
+                "ood_out": str(data / ood_name(REFERENCE, seed)) if (REFERENCE, seed) in missing_ood else None}
+        if any(outs.values()):
+            tasks.append({"model": REFERENCE, "seed": seed, "train_out": None, **outs})
     return tasks
 
 
@@ -300,6 +367,8 @@ def _unit_job(root: str, cfg, task: dict, rows: list[dict], groups: dict, sets: 
     if task["eval_out"]:
         result["eval"] = _eval_unit_job(root, cfg, task["model"], task["seed"], rows, groups, sets, task["eval_out"],
                                         task["block"])
+    if task.get("ood_out"):
+        result["ood"] = _ood_unit_job(root, cfg, task["model"], task["seed"], task["ood_out"], task["block"])
     return result
 
 
@@ -342,11 +411,27 @@ def log(message: str) -> None:
     print(f"[decisive] {message}", file=sys.stderr, flush=True)
 
 
-def prepare(config: Path, raw: dict, work: Path, data: Path) -> tuple[Path, str]:
+def pinned_env(work: Path, base: dict) -> dict:
+    """`base` with PINNED_ENV, and SITE_CUSTOMIZE (written under the work dir) first on PYTHONPATH."""
+    site = work / "pinned_site"
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "sitecustomize.py").write_text(SITE_CUSTOMIZE)
+    path = os.pathsep.join(p for p in (str(site), base.get("PYTHONPATH", "")) if p)
+    return {**base, **PINNED_ENV, "PYTHONPATH": path}
+
+
+def precisions(raw: dict) -> dict:
+    """The dtypes phase (a) ran in (the warm-up's and the profiling policy's), as prepare.json records them."""
+    return {"sft": (raw.get("sft") or {}).get("dtype", "auto"), "policy": (raw.get("policy") or {}).get("dtype", "auto")}
+
+
+def prepare(config: Path, raw: dict, work: Path, data: Path, pinned: bool = True) -> tuple[Path, str]:
     """Phase (a): pivot run up to the pivot sets (cached in the work dir's warehouse when already there); returns the
-    work config and the block of its outputs (block_id, recorded in prepare.json)."""
+    work config and the block of its outputs (block_id, recorded in prepare.json with the CPU and the pinned
+    settings, so that two CPU kinds' blocks can be compared)."""
     cfg_path = write_work_config(config, raw, work)
     env = {**os.environ, "DAGSTER_HOME": str(work / "dagster_home"), "HF_HUB_OFFLINE": "1"}
+    env = pinned_env(work, env) if pinned else env
     (work / "dagster_home").mkdir(parents=True, exist_ok=True)
     pivot = Path(sys.executable).parent / "pivot"
     t0 = time.time()
@@ -363,8 +448,12 @@ def prepare(config: Path, raw: dict, work: Path, data: Path) -> tuple[Path, str]
     cfg = load_cfg(cfg_path)
     block = block_id(Warehouse(cfg.warehouse), cfg)
     record = json.loads((data / "prepare.json").read_text()) if (data / "prepare.json").is_file() else {"runs": []}
+    import torch
+
     record["runs"].append({"wall_s": wall, "host": socket.gethostname(), "machine": machine(),
-                           "finished_at": time.time(), "block": block})
+                           "finished_at": time.time(), "block": block, "torch": torch.__version__,
+                           "pinned": ({k: env[k] for k in PINNED_ENV} if pinned else None),
+                           "deterministic_algorithms": pinned, "dtype": precisions(raw)})
     write_json_atomic(record, data / "prepare.json")
     log(f"phase (a): {wall:.0f} s")
     return cfg_path, block
@@ -374,15 +463,18 @@ def run(config: Path, work: Path, data: Path, workers: int | None) -> dict:
     raw, section = read_raw(config)
     arms, seeds = list(raw["ablation"]["arms"]), [int(s) for s in raw["ablation"]["seeds"]]
     train_units, eval_units = unit_plan(arms, seeds)
+    ood_units = eval_units if section["ood"] else []
     missing_train = [u for u in train_units if not (data / train_name(*u)).is_file()]
     missing_eval = [u for u in eval_units if not (data / eval_name(*u)).is_file()]
-    present = len(train_units) + len(eval_units) - len(missing_train) - len(missing_eval)
+    missing_ood = [u for u in ood_units if not (data / ood_name(*u)).is_file()]
+    present = (len(train_units) + len(eval_units) + len(ood_units) - len(missing_train) - len(missing_eval)
+               - len(missing_ood))
     computed = {"train": 0, "eval": 0}
-    if not missing_train and not missing_eval:
+    if not missing_train and not missing_eval and not missing_ood:
         print(f"decisive: computed 0 unit(s) (train 0, eval 0); {present} already present", flush=True)
         return computed
     data.mkdir(parents=True, exist_ok=True)
-    cfg_path, block = prepare(config, raw, work, data)
+    cfg_path, block = prepare(config, raw, work, data, section["pinned"])
     cfg = load_cfg(cfg_path)
     from pivot_assets.core.parallel import resolve_workers
     from pivot_assets.core.warehouse import Warehouse
@@ -392,18 +484,19 @@ def run(config: Path, work: Path, data: Path, workers: int | None) -> dict:
     # a model lives only in the work dir: it is evaluated by the job that trained it, so a machine change never
     # strands a trained model without its evaluation; one whose evaluation is missing and whose model the work dir
     # lacks (a new machine) is trained again, its curve kept apart (retrain_<arm>_s<seed>), its train unit as it is
-    moved = supersede_other_blocks(data, seeds, arms, block)
+    moved = supersede_other_blocks(data, seeds, arms, block, bool(section["ood"]))
     if moved:
         log(f"{len(moved)} unit(s) of incomplete seeds came from another phase (a) (another machine or precision): "
             f"moved to {data / SUPERSEDED} and computed again ({', '.join(moved)})")
         missing_train = [u for u in train_units if not (data / train_name(*u)).is_file()]
         missing_eval = [u for u in eval_units if not (data / eval_name(*u)).is_file()]
+        missing_ood = [u for u in ood_units if not (data / ood_name(*u)).is_file()]
         present -= len(moved)
     rows, groups, sets = eval_rows_and_sets(wh, cfg) if missing_eval else ([], {}, {})
     if missing_eval and not rows:
         raise SystemExit("decisive: no held-out profiled turn to evaluate")
     tasks = unit_tasks(train_units, eval_units, missing_train, missing_eval, data,
-                       lambda a, s: read_marker(wh.model_dir(arm_dir(a, s))) is not None)
+                       lambda a, s: read_marker(wh.model_dir(arm_dir(a, s))) is not None, missing_ood)
     trains = [t for t in tasks if t["train_out"]]
     if trains and section["learning_rate"] is None:
         raise SystemExit("decisive: decisive.learning_rate is null: set a rate, or `sweep` to choose it by the "
@@ -412,10 +505,15 @@ def run(config: Path, work: Path, data: Path, workers: int | None) -> dict:
         lr = run_sweep(wh, cfg, section["sweep"], data, workers)["chosen"]
         cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"learning_rate": lr})})
         log(f"learning rate {lr:g}, the sweep's choice")
+    if (any(t["model"] == SFT_ARM for t in trains) and cfg.ablation.sft_learning_rate is None
+            and section["sft_sweep"]["learning_rates"]):
+        lr = run_sweep(wh, cfg, section["sweep"], data, workers, SFT_ARM, section["sft_sweep"])["chosen"]
+        cfg = cfg.model_copy(update={"ablation": cfg.ablation.model_copy(update={"sft_learning_rate": lr})})
+        log(f"{SFT_ARM} learning rate {lr:g}, its sweep's choice")
     n = resolve_workers(cfg.runtime.workers, cfg.runtime.threads, len(tasks)) if workers is None else workers
     log(f"phases (b) and (c): {len(missing_train)} train unit(s), {len(trains) - len(missing_train)} model(s) to "
         f"train again for their evaluation, {len(missing_eval)} evaluation unit(s) of {len(rows)} held-out turns x "
-        f"eval_k {cfg.evaluation.k}; {len(tasks)} job(s), {n} at a time")
+        f"eval_k {cfg.evaluation.k}, {len(missing_ood)} OOD unit(s); {len(tasks)} job(s), {n} at a time")
 
     def done(job, result):
         task = job[2]
@@ -426,6 +524,9 @@ def run(config: Path, work: Path, data: Path, workers: int | None) -> dict:
         if "eval" in result:
             computed["eval"] += 1
             log(f"eval {task['model']} d{task['seed']}: {result['eval']} samples")
+        if "ood" in result:
+            computed["eval"] += 1
+            log(f"ood {task['model']} d{task['seed']}: {result['ood']} probe items")
 
     run_jobs_as_done(_unit_job, [(str(wh.root), cfg, {**t, "block": block}, rows, groups, sets) for t in tasks], n,
                      done)
@@ -440,16 +541,19 @@ def rate_tag(lr: float) -> str:
     return f"{lr:g}".replace(".", "p").replace("-", "m").replace("+", "")
 
 
-def sweep_train_name(lr: float) -> str:
-    return f"sweep_train_lr_{rate_tag(lr)}.parquet"
+SFT_ARM = "sft_same_data"
+
+
+def sweep_train_name(lr: float, arm: str = "grpo_adv") -> str:
+    return f"sweep_train_{'sft_' if arm == SFT_ARM else ''}lr_{rate_tag(lr)}.parquet"
 
 
 def sweep_eval_name(model: str) -> str:
     return f"sweep_eval_{model}.parquet"
 
 
-def sweep_model(lr: float) -> str:
-    return f"sweep_lr_{rate_tag(lr)}"
+def sweep_model(lr: float, arm: str = "grpo_adv") -> str:
+    return f"sweep_{'sft_' if arm == SFT_ARM else ''}lr_{rate_tag(lr)}"
 
 
 def sweep_slice(wh, cfg, seed: int, n: int) -> list[str]:
@@ -484,9 +588,11 @@ def _sweep_eval(wh, cfg, model_dir: str, rows: list[dict], sweep: dict, model: s
     return seconds
 
 
-def _sweep_unit_job(root: str, cfg, lr: float | None, sweep: dict, rows: list[dict], data: str) -> str:
-    """One sweep unit: grpo_adv at rate `lr` for sweep.epochs passes (its curve -> sweep_train_lr<lr>.parquet), then
-    its sweep-slice samples (-> sweep_eval_lr<lr>.parquet); lr None: the reference's samples only."""
+def _sweep_unit_job(root: str, cfg, lr: float | None, sweep: dict, rows: list[dict], data: str,
+                    arm: str = "grpo_adv", epochs: float | None = None) -> str:
+    """One sweep unit: `arm` (grpo_adv, or sft_same_data on the same D_adv turns) at rate `lr` for `epochs` passes
+    (default sweep.epochs; its curve -> sweep_train_[sft_]lr<lr>.parquet), then its sweep-slice samples
+    (-> sweep_eval_sweep_[sft_]lr<lr>.parquet); lr None: the reference's samples only."""
     from pivot_assets.core.hardware import configure_torch
     from pivot_assets.core.warehouse import Warehouse
     from pivot_assets.evaluation.ablation import train_arm
@@ -498,12 +604,13 @@ def _sweep_unit_job(root: str, cfg, lr: float | None, sweep: dict, rows: list[di
     if lr is None:
         _sweep_eval(wh, cfg, reference_model(wh, cfg), rows, sweep, REFERENCE, data / sweep_eval_name(REFERENCE))
         return REFERENCE
-    cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"learning_rate": lr}),
-                                 "ablation": cfg.ablation.model_copy(update={"epochs": float(sweep["epochs"])})})
-    name, seed = sweep_model(lr), int(sweep["seed"])
-    train_out = data / sweep_train_name(lr)
-    run = train_arm(wh, cfg, "grpo_adv", seed, VerifierSets.from_config(cfg),
-                    lambda m: print(f"[sweep {lr:g}] {m}", file=sys.stderr, flush=True), model_name=name)
+    rate = {"training": cfg.training.model_copy(update={"learning_rate": lr})} if arm != SFT_ARM else {}
+    ablation = {"epochs": float(epochs or sweep["epochs"]), **({"sft_learning_rate": lr} if arm == SFT_ARM else {})}
+    cfg = cfg.model_copy(update={**rate, "ablation": cfg.ablation.model_copy(update=ablation)})
+    name, seed = sweep_model(lr, arm), int(sweep["seed"])
+    train_out = data / sweep_train_name(lr, arm)
+    run = train_arm(wh, cfg, arm, seed, VerifierSets.from_config(cfg),
+                    lambda m: print(f"[sweep {arm} {lr:g}] {m}", file=sys.stderr, flush=True), model_name=name)
     if not train_out.is_file():
         steps = json.loads((wh.model_dir(name) / "ablation_steps.json").read_text())
         write_parquet_atomic([{"step": int(r["step"]), "reward_mean": r.get("reward_mean"),
@@ -516,7 +623,7 @@ def _sweep_unit_job(root: str, cfg, lr: float | None, sweep: dict, rows: list[di
     return name
 
 
-def sweep_table(data: Path, sweep: dict) -> dict:
+def sweep_table(data: Path, sweep: dict, arm: str = "grpo_adv", rates: list | None = None) -> dict:
     """Per rate: steps, training reward in the first and last third of the steps, useful share, sweep-slice accuracy
     and its paired difference to the reference (mean of per-item differences, 1.96 standard errors); the choice by
     the rule (the highest accuracy; within `tie` of it, the smallest rate). From the sweep unit files alone."""
@@ -527,8 +634,8 @@ def sweep_table(data: Path, sweep: dict) -> dict:
         return {"rows": [], "chosen": None, "missing": True}
     ref = pl.read_parquet(ref_path).group_by("turn_id").agg(pl.col("reward").mean().alias("ref"))
     rows, missing = [], False
-    for lr in sorted(float(x) for x in sweep["learning_rates"]):
-        tp, ep = data / sweep_train_name(lr), data / sweep_eval_name(sweep_model(lr))
+    for lr in sorted(float(x) for x in (sweep["learning_rates"] if rates is None else rates)):
+        tp, ep = data / sweep_train_name(lr, arm), data / sweep_eval_name(sweep_model(lr, arm))
         if not (tp.is_file() and ep.is_file()):
             missing = True
             continue
@@ -538,8 +645,10 @@ def sweep_table(data: Path, sweep: dict) -> dict:
                     .join(ref, on="turn_id"))
         diff = (per_item["acc"] - per_item["ref"])
         se = float(diff.std() or 0.0) / max(1, per_item.height) ** 0.5
-        rows.append({"learning_rate": lr, "steps": tr.height, "reward_first": tr["reward_mean"].head(third).mean(),
-                     "reward_last": tr["reward_mean"].tail(third).mean(), "useful": tr["useful"].mean(),
+        curve = "loss" if arm == SFT_ARM else "reward_mean"  # SFT has a loss, no reward
+        rows.append({"learning_rate": lr, "steps": tr.height, "reward_first": tr[curve].head(third).mean(),
+                     "reward_last": tr[curve].tail(third).mean(),
+                     "useful": tr["useful"].mean() if "useful" in tr.columns else None,
                      "accuracy": float(per_item["acc"].mean()), "delta": float(diff.mean()), "delta_hw": 1.96 * se,
                      "items": per_item.height, "train_s": float(tr["train_s"][0])})
     chosen = choose_rate(rows, float(sweep["tie"])) if rows and not missing else None
@@ -589,26 +698,30 @@ def write_sweep_section(out: Path, text: str) -> None:
     out.write_text(head + "\n\n" + text + ((RESULTS_MARK + results) if results else ""))
 
 
-def run_sweep(wh, cfg, sweep: dict, data: Path, workers: int | None) -> dict:
-    """Compute the missing sweep units (the reference's slice samples, one unit per rate), then the choice."""
+def run_sweep(wh, cfg, sweep: dict, data: Path, workers: int | None, arm: str = "grpo_adv",
+              sft_sweep: dict | None = None) -> dict:
+    """Compute the missing sweep units (the reference's slice samples, one unit per rate), then the choice. `arm`
+    sft_same_data: the rates of `sft_sweep` at its epochs (default: ablation.epochs, the run's budget), on the same
+    slice and draw, paired with the same reference unit."""
     from pivot_assets.core.parallel import resolve_workers
     from pivot_assets.evaluation.heldout import turn_rows
 
     data.mkdir(parents=True, exist_ok=True)
-    rates = [float(x) for x in sweep["learning_rates"]]
+    rates = [float(x) for x in (sft_sweep if arm == SFT_ARM else sweep)["learning_rates"]]
+    epochs = (sft_sweep.get("epochs") or cfg.ablation.epochs) if arm == SFT_ARM else None
     jobs = [None] if not (data / sweep_eval_name(REFERENCE)).is_file() else []
-    jobs += [lr for lr in rates if not (data / sweep_eval_name(sweep_model(lr))).is_file()]
+    jobs += [lr for lr in rates if not (data / sweep_eval_name(sweep_model(lr, arm))).is_file()]
     if jobs:
         ids = sweep_slice(wh, cfg, int(sweep["seed"]), int(sweep["items"]))
         if not ids:
             raise SystemExit("decisive: the sweep slice is empty (no profiled pool turn outside D_adv)")
         rows = turn_rows(wh, ids)
         n = resolve_workers(cfg.runtime.workers, cfg.runtime.threads, len(jobs)) if workers is None else workers
-        log(f"sweep: {len(jobs)} unit(s) ({len(rows)} slice items x {sweep['eval_k']}), {n} at a time")
+        log(f"sweep ({arm}): {len(jobs)} unit(s) ({len(rows)} slice items x {sweep['eval_k']}), {n} at a time")
         order = [j for j in jobs if j is not None] + [j for j in jobs if j is None]  # the short unit last
-        run_jobs_as_done(_sweep_unit_job, [(str(wh.root), cfg, lr, sweep, rows, str(data)) for lr in order], n,
-                         lambda job, name: log(f"sweep: {name} done"))
-    table = sweep_table(data, sweep)
+        run_jobs_as_done(_sweep_unit_job, [(str(wh.root), cfg, lr, sweep, rows, str(data), arm, epochs)
+                                           for lr in order], n, lambda job, name: log(f"sweep: {name} done"))
+    table = sweep_table(data, sweep, arm, rates)
     if table["chosen"] is None:
         raise SystemExit("decisive: the sweep did not finish (a unit is missing)")
     return table

@@ -193,6 +193,7 @@ def train_arm(wh: "Warehouse", cfg: "PivotConfig", arm: str, seed: int, verifier
                        "seconds": r.get("seconds"), "arm": arm, "seed": seed} for r in run.steps]
     result_row = {**row, **stats, "steps": steps, "turns_trained": len(trained),
                   "turns_trained_fp": short_hash(canonical_json(sorted(trained))),
+                  "turn_ids_trained": sorted(trained),  # which turns, not only how many: audits compare arms by id
                   "train_s": round(time.perf_counter() - t0, 1)}
     (out / "ablation_steps.json").write_text(json.dumps(steps_rows))
     (out / RUN_FILE).write_text(json.dumps(result_row))
