@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from functools import lru_cache
-from typing import Any, ClassVar, NamedTuple, Sequence
+from typing import Any, ClassVar, NamedTuple
 
 
 class CallFailed(ValueError):
@@ -103,6 +105,23 @@ def register(cls: type[Environment]) -> type[Environment]:
     """Class decorator: make an environment kind known by its `kind`."""
     _KINDS[cls.kind] = cls
     return cls
+
+
+@contextmanager
+def kind_replaced(cls: type[Environment]) -> Iterator[None]:
+    """Within the block, `cls` is the environment of its kind (a bench times another implementation of a kind
+    through the same verifier); the registered one is back after it."""
+    previous = _KINDS.get(cls.kind)
+    _KINDS[cls.kind] = cls
+    environment_for.cache_clear()
+    try:
+        yield
+    finally:
+        if previous is None:
+            _KINDS.pop(cls.kind, None)
+        else:
+            _KINDS[cls.kind] = previous
+        environment_for.cache_clear()
 
 
 def environment_kinds() -> list[str]:

@@ -3,7 +3,9 @@
 For a turn whose trajectory is executable (its state carries an `environment`, environments/; BFCL multi-turn
 today), the world at the step is rebuilt once per turn: fresh from the trajectory's context, then every call of
 the expert's earlier assistant messages executed in order. The expert's call(s) run on one copy of it and each
-sample's calls, in the order written, on another copy of its own (nothing is shared between samples or turns).
+sample's calls, in the order written, on another copy of its own (nothing is shared between samples or turns;
+how a copy is kept is the kind's: BFCL copies its instances, tau2 undoes each write from a log on one database per
+process, so a copy costs what its calls touch).
 The sample is right (reward 1, OK) when both of BFCL's multi-turn checks hold at the step:
   1. state: the world after the sample's calls equals the world after the expert's (BFCL's state_checker: every
      public attribute of every involved instance);

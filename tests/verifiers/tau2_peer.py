@@ -6,6 +6,8 @@ calls, and the candidate is one of KINDS. The label is computed with tau2's own 
 computes a reward: two fresh domain environments with the task's initial state (`set_state`), the earlier calls
 run on both through `Environment.get_response`; the gold call on one, the candidate's calls on the other; right
 when tau2's database hashes (agent and user) are equal and the gold call's result is among the candidate's results.
+Kinds that write twice or read after a write check that every change a write makes to a record, nested lists and
+dicts included, is seen when worlds are compared and read back.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-KINDS = ("gold", "arguments reordered", "extra read before", "argument changed", "another tool",
-         "read instead of write")
+KINDS = ("gold", "arguments reordered", "extra read before", "read after", "write repeated", "argument changed",
+         "another tool", "read instead of write")
 DOMAINS = ("airline", "retail")
 
 
@@ -108,6 +110,9 @@ def build_cases(domain: str, max_tasks: int | None = None) -> list[Case]:
             read = _read_call(domain, arguments)
             if read is not None:
                 variants.append(("extra read before", [read, gold]))
+                variants.append(("read after", [gold, read]))  # the read sees what the write changed
+            if types[name] == "write":  # nested lists grow twice (refunds, payments), a record is added twice
+                variants.append(("write repeated", [gold, gold]))
             changed = _changed(arguments)
             if changed is not None:
                 variants.append(("argument changed", [(name, changed)]))

@@ -1,7 +1,7 @@
 """The tau2 environment (environments/tau2.py): tau2-bench's airline and retail domains executed by tau2's own code.
 
 Agreement with tau2's own database comparison on cases built from tau2's tasks (tau2_peer.py), the seam's
-rules (lazy copies, unknown tools, tool errors), `pivot verify` on tau2 cases, and the shared airline run ingested
+rules (copies, reads, unknown tools, tool errors), tracked worlds against whole databases, `pivot verify` on tau2 cases, and the shared airline run ingested
 with its environment and re-scored under `executed_state` without generating.
 """
 
@@ -23,9 +23,16 @@ from pivot_assets.core.catalog import ROLLOUTS_SCHEMA  # noqa: E402
 from pivot_assets.core.config import load_config  # noqa: E402
 from pivot_assets.core.warehouse import Warehouse  # noqa: E402
 from pivot_assets.environments import CallFailed, environment_for  # noqa: E402
+from pivot_assets.environments.tau2 import WholeDatabase  # noqa: E402
 from pivot_assets.ingest.inputs import write_ingest, write_turns  # noqa: E402
 from pivot_assets.profiling.profiler import score_rollouts  # noqa: E402
-from pivot_assets.verifiers import DomainVerifiers, Reason, VerifierSets, build_verifier, verify_jsonl  # noqa: E402
+from pivot_assets.verifiers import (  # noqa: E402
+    DomainVerifiers,
+    Reason,
+    VerifierSets,
+    build_verifier,
+    verify_jsonl,
+)
 
 from . import tau2_peer as peer  # noqa: E402
 
@@ -70,19 +77,54 @@ def _world(domain="airline"):
     return env, env.fresh({"domain": domain, "task_id": str(task.id), "initial_state": None}), task
 
 
-def test_a_copy_shares_the_database_until_it_writes_and_never_changes_the_original():
+def test_a_copy_never_changes_the_original_and_reads_take_no_frame():
     env, world, task = _world()
     before = world.hashes()
     reader = env.copy(world)
     user = next(a.arguments["user_id"] for a in task.evaluation_criteria.actions if "user_id" in a.arguments)
+    depth = len(world.live.stack)
     assert env.execute(reader, "get_user_details", {"user_id": user}).error is None
-    assert reader.env is world.env  # a read took no copy
+    assert len(world.live.stack) == depth and not reader.path  # a read is no write on the path
     writes = [a for a in task.evaluation_criteria.actions if peer._tool_types("airline")[a.name] == "write"]
     writer = env.copy(world)
     for action in writes:
         env.execute(writer, action.name, dict(action.arguments))
-    assert writes and writer.env is not world.env  # the first write took a database of its own
-    assert world.env.get_db_hash() == before[0] and env.differences(writer, world).startswith("agent database: ")
+    assert writes and len(writer.path) == len(writes) and writer.records
+    assert world.hashes() == before and writer.hashes() != before  # tau2's own hashes of the whole databases
+    assert env.differences(writer, world).startswith("agent database: ")
+    assert env.differences(world, env.copy(world)) is None
+
+
+def _replayed(env, context, calls):
+    world = env.fresh(context)
+    return world, [env.execute(world, name, dict(arguments)).text for name, arguments in calls]
+
+
+@pytest.mark.parametrize("domain", peer.DOMAINS)
+def test_tracked_worlds_equal_whole_databases_on_nested_writes_repeats_and_errors(domain):
+    """Every task's gold writes, each repeated (a second refund appended to a nested list, a certificate added
+    twice) and with an argument changed (tau2 raises): the tracked world gives tau2's texts, tau2's own hash of
+    the whole database, and the verdict of comparing whole databases."""
+    tracked, whole = environment_for("tau2"), WholeDatabase()
+    types = peer._tool_types(domain)
+    tasks = [t for t in peer.tasks(domain) if any(types[a.name] == "write" for a in t.evaluation_criteria.actions)][:3]
+    verdicts = []
+    for task in tasks:
+        context = {"domain": domain, "task_id": str(task.id), "initial_state": None}
+        gold = [(a.name, dict(a.arguments)) for a in task.evaluation_criteria.actions]
+        step = next(i for i, (name, _) in enumerate(gold) if types[name] == "write")
+        changed = peer._changed(gold[step][1])
+        variants = [gold, gold[:step + 1] + gold[step:], gold[:step] + [(gold[step][0], changed)] + gold[step + 1:]]
+        reference, _ = _replayed(tracked, context, gold)
+        reference_whole, _ = _replayed(whole, context, gold)
+        for calls in variants:
+            mine, my_texts = _replayed(tracked, context, calls)
+            theirs, their_texts = _replayed(whole, context, calls)
+            assert my_texts == their_texts
+            assert mine.hashes() == theirs.hashes()
+            verdicts.append(tracked.differences(mine, reference) is None)
+            assert verdicts[-1] == (whole.differences(theirs, reference_whole) is None)
+    assert True in verdicts and False in verdicts  # the variants reach both verdicts
 
 
 def test_unknown_tools_and_unbindable_arguments_fail_the_call_tool_errors_do_not():
