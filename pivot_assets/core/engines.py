@@ -45,7 +45,7 @@ ENGINES = {
                                        "on a CUDA machine"),
     "openai": EngineCapabilities(local_model=False, torch_in_process=False, turn_rows_together=False,
                                  scores_continuation=False, bounded_thinking=False,
-                                 per_row_seeds=False),
+                                 per_row_seeds=True),
 }
 BACKENDS = tuple(ENGINES)
 AUTO = "auto"

@@ -12,26 +12,30 @@ the rest, each follow-up with its own seed, until the turn has K samples.
 Per-sample token counts: servers report usage per request, so n_completion_tokens is that request's
 usage.completion_tokens / its number of choices (rounded), and n_prompt_tokens is usage.prompt_tokens.
 Seeds: the first request of a turn carries seed = hash(seed, turn_id), follow-ups hash(seed, turn_id#i).
+Per-sample seeding (`rows=`, profiling's default): one n=1 request per (turn, sample index), seeded hash(row seed,
+turn_id), the body a K=1 call under that seed sends. Requests go out from one asyncio loop over an aiohttp session
+that keeps `concurrency` connections alive: no connection, thread or JSON encoding of the turn per request.
 `policy.thinking: off` sends chat_template_kwargs {enable_thinking: false} (vLLM and SGLang pass it to the
 template); `strip` cuts a closed thought from each completion, as the local backends do.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
 import time
-import urllib.error
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator
+import weakref
+from collections.abc import Iterator
 
 from pivot_assets.core.ids import seeded_int
 
 from .base import GenerationRequest, Sample, SamplingConfig, new_stats, order_by_trajectory
 from .models import openai_tool_order, tool_call_text
 from .thinking import apply_thinking
+
+RowSeeds = dict[str, list[tuple[int, int]]]  # turn_id -> [(sample_index, seed), ...]: one n=1 request each
 
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 
@@ -95,7 +99,11 @@ def request_seed(seed: int, turn_id: str) -> int:
 
 
 class OpenAIBackend:
-    """K samples per turn from an OpenAI-compatible chat server, `concurrency` requests in flight."""
+    """K samples per turn from an OpenAI-compatible chat server, `concurrency` requests in flight.
+
+    Requests go out from one asyncio loop (a thread of its own, started on first use) over one aiohttp session
+    whose connections are kept alive and reused; a turn's body is encoded once and shared by its requests (only n
+    and seed differ). While the caller writes one group's samples, the next group's requests are in flight."""
 
     def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", concurrency: int = 8,
                  timeout_s: float = 300.0, max_retries: int = 5, backoff_s: float = 1.0, group_size: int | None = None,
@@ -110,65 +118,93 @@ class OpenAIBackend:
         self.thinking = thinking
         self.stats = new_stats()
         self.stats["requests"] = 0
-        self._lock = threading.Lock()  # stats are updated from worker threads
+        self._io = _ClientLoop(self.concurrency, self.timeout_s, self.api_key)
+        weakref.finalize(self, self._io.close)  # a backend dropped without close() stops its thread too
 
-    def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> Iterator[list[Sample]]:
-        """Yield the K samples of each group of `group_size` turns (trajectory order, for server prefix caches)."""
+    def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig,
+                 rows: RowSeeds | None = None) -> Iterator[list[Sample]]:
+        """Yield the samples of each group of `group_size` turns (trajectory order, for server prefix caches).
+
+        `rows`: turn_id -> [(sample_index, seed), ...]: instead of n=K under the turn's seed, one n=1 request per
+        listed row, seeded by (seed, turn_id) as a K=1 call under that seed would be (the same request body)."""
         ordered = order_by_trajectory(requests)
-        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-            for start in range(0, len(ordered), self.group_size):
-                t0 = time.perf_counter()
-                group = ordered[start : start + self.group_size]
-                results = list(pool.map(lambda r: self._turn(r, sampling), group))
-                self.stats["wall_s"] += time.perf_counter() - t0
-                yield [s for samples in results for s in samples]
+        groups = [ordered[start:start + self.group_size] for start in range(0, len(ordered), self.group_size)]
+        pending = None
+        for i, group in enumerate(groups):
+            t0 = time.perf_counter()
+            pending = pending or self._submit(group, sampling, rows)
+            following = self._submit(groups[i + 1], sampling, rows) if i + 1 < len(groups) else None
+            results = pending.result()
+            pending = following
+            self.stats["wall_s"] += time.perf_counter() - t0
+            yield [s for samples in results for s in samples]
 
-    def _body(self, req: GenerationRequest, sampling: SamplingConfig, n: int, seed_key: str) -> dict:
+    def close(self) -> None:
+        """Close the session and stop the loop's thread (a later generate starts them again)."""
+        self._io.close()
+
+    def _submit(self, group: list[GenerationRequest], sampling: SamplingConfig, rows: RowSeeds | None):
+        """The group's turns on the loop; a future of their samples (each turn's list, in group order)."""
+        return self._io.submit(self._group(group, sampling, rows))
+
+    async def _group(self, group: list[GenerationRequest], sampling: SamplingConfig, rows: RowSeeds | None) -> list:
+        turns = [self._turn_rows(r, sampling, rows[r.turn_id]) if rows is not None else self._turn(r, sampling)
+                 for r in group]
+        return await asyncio.gather(*turns)
+
+    def _body_prefix(self, req: GenerationRequest, sampling: SamplingConfig) -> str:
+        """The turn's request body as JSON text without its closing brace: n and seed are appended per request."""
         body = {
             "model": self.model,
             "messages": to_openai_messages(req.messages),
-            "n": n,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
             "max_tokens": sampling.max_new_tokens,
-            "seed": request_seed(sampling.seed, seed_key),
         }
         if req.tools:  # the order vLLM/SGLang impose anyway and local engines render; a server that keeps ours agrees
             body["tools"] = [openai_tool_order(t) for t in req.tools]
         if self.thinking == "off":
             body["chat_template_kwargs"] = {"enable_thinking": False}
-        return body
+        return json.dumps(body)[:-1]
 
-    def _turn(self, req: GenerationRequest, sampling: SamplingConfig) -> list[Sample]:
+    async def _turn(self, req: GenerationRequest, sampling: SamplingConfig) -> list[Sample]:
         """K samples of one turn: ask n=K, then ask again for whatever the server did not return."""
+        prefix = self._body_prefix(req, sampling)
         samples: list[Sample] = []
         while len(samples) < sampling.k:
             missing = sampling.k - len(samples)
             seed_key = req.turn_id if not samples else f"{req.turn_id}#{len(samples)}"
-            reply = self._post("/chat/completions", self._body(req, sampling, missing, seed_key), req.turn_id)
-            choices = sorted(reply.get("choices") or [], key=lambda c: c.get("index", 0))
-            if not choices or len(choices) > missing:
-                raise ServerError(f"turn {req.turn_id}: server returned {len(choices)} choices for n={missing}")
-            usage = reply.get("usage") or {}
-            per_sample = round((usage.get("completion_tokens") or 0) / len(choices))
-            base = len(samples)
-            samples.extend([
-                Sample(turn_id=req.turn_id, sample_index=base + i,
-                       completion=apply_thinking(choice_to_text(c.get("message") or {}, c.get("finish_reason")),
-                                                  self.thinking),
-                       n_prompt_tokens=int(usage.get("prompt_tokens") or 0), n_completion_tokens=per_sample,
-                       finish_reason="length" if c.get("finish_reason") == "length" else "stop")
-                for i, c in enumerate(choices)])
-            self._count(usage, len(choices))
-        with self._lock:
-            self.stats["turns"] += 1
+            samples += await self._request(req, prefix, missing, request_seed(sampling.seed, seed_key), len(samples))
+        self.stats["turns"] += 1
         return samples
 
-    def _count(self, usage: dict, n: int) -> None:
-        with self._lock:
-            self._count_locked(usage, n)
+    async def _turn_rows(self, req: GenerationRequest, sampling: SamplingConfig,
+                         row_seeds: list[tuple[int, int]]) -> list[Sample]:
+        """One n=1 request per (sample_index, seed) row of the turn, concurrently."""
+        prefix = self._body_prefix(req, sampling)
+        replies = await asyncio.gather(*(self._request(req, prefix, 1, request_seed(seed, req.turn_id), index)
+                                         for index, seed in row_seeds))
+        self.stats["turns"] += 1
+        return [s for reply in replies for s in reply]
 
-    def _count_locked(self, usage: dict, n: int) -> None:
+    async def _request(self, req: GenerationRequest, prefix: str, n: int, seed: int, first_index: int) -> list[Sample]:
+        """One request for n choices; its samples numbered from first_index."""
+        reply = await self._post("/chat/completions", f'{prefix}, "n": {n}, "seed": {seed}}}', req.turn_id)
+        choices = sorted(reply.get("choices") or [], key=lambda c: c.get("index", 0))
+        if not choices or len(choices) > n:
+            raise ServerError(f"turn {req.turn_id}: server returned {len(choices)} choices for n={n}")
+        usage = reply.get("usage") or {}
+        per_sample = round((usage.get("completion_tokens") or 0) / len(choices))
+        self._count(usage, len(choices))
+        return [Sample(turn_id=req.turn_id, sample_index=first_index + i,
+                       completion=apply_thinking(choice_to_text(c.get("message") or {}, c.get("finish_reason")),
+                                                 self.thinking),
+                       n_prompt_tokens=int(usage.get("prompt_tokens") or 0), n_completion_tokens=per_sample,
+                       finish_reason="length" if c.get("finish_reason") == "length" else "stop")
+                for i, c in enumerate(choices)]
+
+    def _count(self, usage: dict, n: int) -> None:
+        # only the loop's thread updates the counters: no lock
         self.stats["requests"] += 1
         self.stats["samples"] += n
         self.stats["prompt_tokens_total"] += int(usage.get("prompt_tokens") or 0)
@@ -176,24 +212,59 @@ class OpenAIBackend:
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         self.stats["cache_hits"] += int(bool(cached))
 
-    def _post(self, path: str, body: dict, turn_id: str) -> dict:
-        data = json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        last = ""
+    async def _post(self, path: str, body: str, turn_id: str) -> dict:
+        import aiohttp
+
+        url, data, last = self.base_url + path, body.encode(), ""
         for attempt in range(self.max_retries + 1):
             if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
-                req = urllib.request.Request(self.base_url + path, data=data, headers=headers, method="POST")
-                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                    return json.loads(resp.read())
-            except urllib.error.HTTPError as exc:
-                detail = exc.read()[:300].decode(errors="replace")
-                if exc.code not in RETRY_STATUS:
-                    raise ServerError(f"turn {turn_id}: HTTP {exc.code} from {self.base_url}{path}: {detail}") from None
-                last = f"HTTP {exc.code}: {detail}"
-            except (urllib.error.URLError, TimeoutError, ConnectionError, json.JSONDecodeError) as exc:
+                async with self._io.session().post(url, data=data) as resp:
+                    payload = await resp.read()
+                if resp.status == 200:
+                    return json.loads(payload)
+                detail = payload[:300].decode(errors="replace")
+                if resp.status not in RETRY_STATUS:
+                    raise ServerError(f"turn {turn_id}: HTTP {resp.status} from {url}: {detail}")
+                last = f"HTTP {resp.status}: {detail}"
+            except (TimeoutError, aiohttp.ClientError, ConnectionError, json.JSONDecodeError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
-        raise ServerError(f"turn {turn_id}: {self.max_retries + 1} attempts to {self.base_url}{path} failed, last: {last}")
+        raise ServerError(f"turn {turn_id}: {self.max_retries + 1} attempts to {url} failed, last: {last}")
+
+
+class _ClientLoop:
+    """An asyncio loop in a daemon thread and its aiohttp session (keep-alive pool of `concurrency` connections),
+    both started on first use."""
+
+    def __init__(self, concurrency: int, timeout_s: float, api_key: str | None):
+        self.concurrency, self.timeout_s, self.api_key = concurrency, timeout_s, api_key
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._session = None
+
+    def submit(self, coroutine):
+        if self.loop is None:
+            self.loop = asyncio.new_event_loop()
+            threading.Thread(target=self.loop.run_forever, name="openai-backend", daemon=True).start()
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    def session(self):
+        """The session (made on the loop's thread, the one it must be used from)."""
+        if self._session is None:
+            import aiohttp
+
+            headers = {"Content-Type": "application/json"}
+            if self.api_key:
+                headers["Authorization"] = f"Bearer {self.api_key}"
+            self._session = aiohttp.ClientSession(
+                headers=headers, connector=aiohttp.TCPConnector(limit=self.concurrency),
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        return self._session
+
+    def close(self) -> None:
+        if self.loop is None:
+            return
+        if self._session is not None:
+            asyncio.run_coroutine_threadsafe(self._session.close(), self.loop).result()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.loop, self._session = None, None

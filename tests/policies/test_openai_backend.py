@@ -11,7 +11,7 @@ import pytest
 
 from pivot_assets.policies.base import GenerationRequest, SamplingConfig
 from pivot_assets.policies.factory import build_backend
-from pivot_assets.policies.openai_backend import OpenAIBackend, ServerError
+from pivot_assets.policies.openai_backend import OpenAIBackend, ServerError, request_seed
 
 TOOLS = [{"type": "function", "function": {"name": "get_user", "parameters": {"type": "object", "properties": {"id": {"type": "string"}}}}}]
 
@@ -22,9 +22,10 @@ class CannedChatServer(ThreadingHTTPServer):
     fail_first: this many requests get a 503 first (to exercise retries); a model named "bad" gets a 400.
     """
 
-    def __init__(self, fail_first: int = 0):
-        super().__init__(("127.0.0.1", 0), _Handler)
+    def __init__(self, fail_first: int = 0, keep_alive: bool = False):
+        super().__init__(("127.0.0.1", 0), _KeepAliveHandler if keep_alive else _Handler)
         self.bodies: list[dict] = []
+        self.clients: set[tuple] = set()  # (host, port) of each connection a request came on
         self.fail_left = fail_first
         self.lock = threading.Lock()
 
@@ -46,6 +47,7 @@ class _Handler(BaseHTTPRequestHandler):
         server: CannedChatServer = self.server
         with server.lock:
             server.bodies.append(body)
+            server.clients.add(self.client_address)
             fail = server.fail_left > 0
             server.fail_left -= int(fail)
         if self.path != "/v1/chat/completions":
@@ -65,12 +67,16 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, {"choices": choices, "usage": {"prompt_tokens": 50, "completion_tokens": 10 * body["n"]}})
 
 
+class _KeepAliveHandler(_Handler):
+    protocol_version = "HTTP/1.1"  # connections stay open between requests (as vLLM's and SGLang's servers keep them)
+
+
 @pytest.fixture
 def server():
     servers = []
 
-    def start(fail_first: int = 0) -> CannedChatServer:
-        srv = CannedChatServer(fail_first)
+    def start(fail_first: int = 0, keep_alive: bool = False) -> CannedChatServer:
+        srv = CannedChatServer(fail_first, keep_alive)
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         servers.append(srv)
         return srv
@@ -113,6 +119,25 @@ def test_samples_requests_and_hermes_rendering(server):
     assert "reasoning" not in body["messages"][1] and body["messages"][2]["tool_call_id"] == "x1"
     assert backend.stats["samples"] == 6 and backend.stats["generated_tokens"] == 60
     assert backend.fingerprint == f"openai|{_url(srv)}|m"
+
+
+def test_rows_one_request_each_as_a_k1_call_under_its_seed_over_reused_connections(server):
+    """rows=: one n=1 request per (turn, sample index), seeded as a K=1 call under that row's seed would be (the
+    same body), each sample numbered by its row; 40 requests travel on at most `concurrency` kept-alive connections."""
+    srv = server(keep_alive=True)
+    backend = OpenAIBackend(_url(srv), "m", concurrency=4, group_size=3)
+    requests = _requests(10)
+    plan = {r.turn_id: [(i, 100 + i) for i in range(4)] for r in requests}
+    samples = [s for b in backend.generate(requests, SamplingConfig(k=4, seed=7), rows=plan) for s in b]
+    assert sorted((s.turn_id, s.sample_index) for s in samples) == sorted((t, i) for t in plan for i in range(4))
+    assert len(srv.bodies) == 40 and {b["n"] for b in srv.bodies} == {1}
+    assert sorted(b["seed"] for b in srv.bodies) == sorted(request_seed(100 + i, t) for t in plan for i in range(4))
+    one = OpenAIBackend(_url(srv), "m")
+    list(one.generate(requests[:1], SamplingConfig(k=1, seed=102)))
+    assert srv.bodies[-1] in srv.bodies[:-1]  # a K=1 call under row 2's seed sends row 2's body
+    assert 1 <= len(srv.clients) <= 4 + 1  # the rows' connections, and the K=1 call's own
+    backend.close()
+    one.close()
 
 
 def test_retries_transient_errors(server):
