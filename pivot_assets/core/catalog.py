@@ -117,7 +117,7 @@ EARLY_STOPS = ("settled", "posterior")  # stopped before k because the rule vouc
 SKIPPED_TURNS = "skipped_turns"
 SKIPPED_TURNS_SCHEMA = pa.schema([("turn_id", pa.string()), ("trajectory_id", pa.string()), ("reason", pa.string()),
                                   ("n_prompt_tokens", pa.int64()), ("max_prompt_tokens", pa.int64())])
-# Profiles a pivot row arrived with (profiling/imported.py; pivots.profile_source picks them or the sampled
+# Profiles a pivot row arrived with (ingest/imported_profiles.py; pivots.profile_source picks them or the sampled
 # turn_profiles), one row per turn: policy_fp "imported:<model>", verifier_fp "imported", sampling_fp null;
 # source / source_fp / record: the input file, its content fingerprint and the row; source_turn_id: the turn id the
 # row names (metadata.turn_id of this project's export), null when it names none; rewards: per-sample rewards when

@@ -123,7 +123,7 @@ def stream_pivot_states(pivots_path: str, trajectories_path: str, batch_size: in
         optional = ", ".join(f"{'t.' + c if c in present else 'NULL'} AS {c}" for c in OPTIONAL_TRAJECTORY_COLUMNS)
         rewards = _rewards_sql(rewards_path, columns) if rewards_path else "NULL"
         pivot = "p.*"
-        if "rewards" in columns:  # an imported profile's own per-sample rewards (profiling/imported.py)
+        if "rewards" in columns:  # an imported profile's own per-sample rewards (ingest/imported_profiles.py)
             pivot, rewards = "p.* EXCLUDE (rewards)", "p.rewards"
         reader = con.execute(f"""
             SELECT {pivot}, {rewards} AS rewards, t.trajectory_id IS NOT NULL AS _found, len(t.messages) AS _n_messages,

@@ -14,7 +14,7 @@ Definitions (PivotRL, arXiv 2603.21383, section 3):
                      std_min         sqrt(reward_var) >= min_std (OpenRLHF #1270; for continuous rewards)
     pivots_cand  = a seeded random sample of candidates, len(pivots_adv) rows unless cand_size is set
                    (the no-filter ablation); keyed on turn_id, or on the source_turn_id an imported profile
-                   carries (profiling/imported.py)
+                   carries (ingest/imported_profiles.py)
 
 Each set is filtered by its definition first, then ranked (reward_var desc, then lower reward_mean,
 then turn_id), then capped: at most `max_per_trajectory` rows per trajectory (best ranks kept), then at

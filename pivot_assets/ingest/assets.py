@@ -1,11 +1,14 @@
-"""Stage 1 in Dagster: raw trajectory files -> `trajectories` + `quarantine` -> `turns` (group `ingest`)."""
+"""Stage 1 in Dagster: raw trajectory files -> `trajectories` + `quarantine` -> `turns`, and the profiles pivot rows
+arrive with -> `imported_profiles` (group `ingest`: no model is loaded)."""
 
 import dagster as dg
 
+from pivot_assets.core.catalog import IMPORTED_PROFILES
 from pivot_assets.core.config import PivotConfig
 from pivot_assets.core.warehouse import Warehouse
 from pivot_assets.materialization import publish, timed
 
+from .imported_profiles import IMPORT_VERSION, import_profiles
 from .inputs import (action_kind_mix, inputs_fingerprint, resolved_inputs, skipped_files_line, write_ingest,
                      write_turns)
 
@@ -57,4 +60,24 @@ def build_assets(cfg: PivotConfig, wh: Warehouse, verifiers=None) -> list:
             "action_kinds": dg.MetadataValue.json(action_kind_mix(wh)),
         })
 
-    return [ingest, turns]
+    return [ingest, turns, build_imported_profiles_asset(cfg, wh)]
+
+
+def build_imported_profiles_asset(cfg: PivotConfig, wh: Warehouse):
+    @dg.asset(name=IMPORTED_PROFILES, deps=["trajectories", "turns"], group_name=GROUP, code_version=IMPORT_VERSION,
+              kinds={"parquet", "duckdb"})
+    def imported_profiles(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        """The profiles NeMo-Gym pivot rows arrive with (pass_rate, pass_rate_total, pass_rate_passed,
+        <model>_info), one per pivot turn, with their source (imported, the model, the file's fingerprint); read
+        by selection under pivots.profile_source: imported. Nothing is sampled."""
+        with timed() as t:
+            table, counts = import_profiles(resolved_inputs(cfg))
+        wh.write_table(IMPORTED_PROFILES, table)
+        context.log.info(f"imported {counts['profiles']} turn profiles from {counts['rows_read']} pivot rows "
+                         f"({counts['duplicate_rows']} duplicate, {counts['quarantined_rows']} quarantined)")
+        return publish(wh, IMPORTED_PROFILES, {**counts, "seconds": round(t["seconds"], 2),
+                                               "models": dg.MetadataValue.json(sorted(
+                                                   {m for m in table.column("model").to_pylist() if m}))})
+
+    return imported_profiles
+

@@ -1,6 +1,5 @@
 """Stage 3 in Dagster: `turns` -> `rollouts` (K reference-policy samples) -> `rollout_rewards` (verifier)
--> `turn_profiles` (group `profiling`); beside them `imported_profiles`, the profiles pivot rows arrive with
-(imported.py), which selection reads under pivots.profile_source: imported.
+-> `turn_profiles` (group `profiling`).
 
 With `scale.shards: S` > 1 the three are static partitions '000'..: one run per shard (a run over several
 partitions reports one data version for all of them), and the unpartitioned assets below read every shard.
@@ -18,16 +17,12 @@ import time
 
 import dagster as dg
 
-from pivot_assets.core.catalog import IMPORTED_PROFILES
 from pivot_assets.core.config import PivotConfig
 from pivot_assets.core.plots import histogram_png, markdown_image, save_png
 from pivot_assets.core.warehouse import Warehouse
 from pivot_assets.materialization import number_table, publish, require_only_run_of_shard, reused_figures, timed
 from pivot_assets.verifiers import VerifierSets
 
-from pivot_assets.ingest.inputs import resolved_inputs
-
-from .imported import IMPORT_VERSION, import_profiles
 from .profiler import SFT_MODEL, Profiler, policy_version, profiles_version
 from .ray_job import ENTRYPOINT as RAY_ENTRYPOINT
 from .ray_job import job_metadata as ray_job_metadata
@@ -121,26 +116,7 @@ def build_assets(cfg: PivotConfig, wh: Warehouse, verifier_sets: VerifierSets) -
             meta["pass_rate_histogram"] = dg.MetadataValue.md(pass_rate_plot(p.wh, table.column("reward_mean").to_pylist()))
         return publish_profiling(p, "turn_profiles", meta)
 
-    return [rollouts, rollout_rewards, turn_profiles, build_imported_profiles_asset(cfg, wh)]
-
-
-def build_imported_profiles_asset(cfg: PivotConfig, wh: Warehouse):
-    @dg.asset(name=IMPORTED_PROFILES, deps=["trajectories", "turns"], group_name=GROUP, code_version=IMPORT_VERSION,
-              kinds={"parquet", "duckdb"})
-    def imported_profiles(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        """The profiles NeMo-Gym pivot rows arrive with (pass_rate, pass_rate_total, pass_rate_passed,
-        <model>_info), one per pivot turn, with their source (imported, the model, the file's fingerprint); read
-        by selection under pivots.profile_source: imported. Nothing is sampled."""
-        with timed() as t:
-            table, counts = import_profiles(resolved_inputs(cfg))
-        wh.write_table(IMPORTED_PROFILES, table)
-        context.log.info(f"imported {counts['profiles']} turn profiles from {counts['rows_read']} pivot rows "
-                         f"({counts['duplicate_rows']} duplicate, {counts['quarantined_rows']} quarantined)")
-        return publish(wh, IMPORTED_PROFILES, {**counts, "seconds": round(t["seconds"], 2),
-                                               "models": dg.MetadataValue.json(sorted(
-                                                   {m for m in table.column("model").to_pylist() if m}))})
-
-    return imported_profiles
+    return [rollouts, rollout_rewards, turn_profiles]
 
 
 def profile_figures(table, k: int) -> dict:

@@ -6,8 +6,8 @@ The round trip runs through `pivot run` and `pivot export` on the built-in sampl
 tiny random-weight policy (tests/tiny_model.py) and a graded verifier (continuous rewards: mixed turns), and exports
 every profiled candidate (cand_size over the pool: D_cand is every candidate) as NeMo-Gym rows; warehouse B ingests
 that file as imported profiles and selects from them. Matched by the rows' turn ids (metadata.turn_id), B has A's
-pass rates and A's D_mixed, D_adv and D_cand's seeded draw, with no profiling asset run and no rollout written.
-"""
+pass rates and A's D_mixed, D_adv and D_cand's seeded draw, with no profiling asset run, no rollout written and a
+policy.model that does not exist (nothing loads a policy)."""
 
 from __future__ import annotations
 
@@ -73,7 +73,8 @@ def round_trip(tmp_path_factory, tiny_model_dir):
         exported = a / "every_candidate.jsonl"
         run_in(a, mp, "export", "--set", "cand", "--format", "nemo-gym", "--out", str(exported))
         b = tmp_path_factory.mktemp("imported")
-        (b / "pivot.yaml").write_text(imported_config(tiny_model_dir, exported, "imported"))
+        # a policy that does not exist: the run passes only if nothing checks, loads or samples it
+        (b / "pivot.yaml").write_text(imported_config(b / "no-such-policy", exported, "imported"))
         run_in(b, mp, "run", "--select", "*pivot_nemo_gym")
         run_in(b, mp, "check")
         yield Warehouse(a / "wh"), exported, b
@@ -104,7 +105,7 @@ def test_imported_profiles_have_the_exported_pass_rates(round_trip):
     assert imported["source_turn_id"].null_count() == 0
     assert set(imported["profile_source"]) == {"imported"} and set(imported["model"]) == {"qwen_235b"}
     assert set(imported["policy_fp"]) == {"imported:qwen_235b"}
-    from pivot_assets.profiling.imported import file_fingerprint
+    from pivot_assets.ingest.imported_profiles import file_fingerprint
 
     assert set(imported["source_fp"]) == {file_fingerprint(exported)} and set(imported["source"]) == {str(exported)}
     joined = sampled.join(imported, left_on="turn_id", right_on="source_turn_id", suffix="_imported")

@@ -11,8 +11,8 @@ appended as the final assistant message, so the row is one trajectory whose last
 such a row is a policy sample scored against the expected action (example_rollouts.jsonl), not expert data: it is
 ignored and outcome_reward is null (its reward scores the sample, not the trajectory). A pivot row's own profile
 (pass_rate, pass_rate_total, pass_rate_passed, `<model>_info`: profiles.py) is checked here, so a malformed one
-quarantines the row ("bad_profile: ..."); profiling/imported.py reads the profiles of the rows ingested. The same pivot row in
-example.jsonl and example_rollouts.jsonl is therefore one trajectory plus one duplicate.
+quarantines the row ("bad_profile: ..."); ingest/imported_profiles.py reads the profiles of the rows ingested.
+The same pivot row in example.jsonl and example_rollouts.jsonl is therefore one trajectory plus one duplicate.
 Task rows with no assistant output (workplace_assistant/example.jsonl: input + `ground_truth`, a list of required
 calls that a rollout spreads over several model calls) have no expert turn: they are quarantined as
 "no_assistant_turn". (An input-only row whose input already holds assistant turns is ingested as that input.)
@@ -47,7 +47,7 @@ def adapt_responses(value: dict, origin: Origin) -> dict:
     reward = value.get("reward")
     if "expected_action" in value:
         messages.append(_expected_action_message(value["expected_action"]))
-        row_profile(value)  # a malformed profile quarantines the row (profiling/imported.py reads the good ones)
+        row_profile(value)  # a malformed profile quarantines the row (ingest/imported_profiles.py reads the good ones)
         reward = None  # the row's reward (if any) scores a policy sample, not this trajectory
     elif value.get("response") is not None:
         response = value["response"]

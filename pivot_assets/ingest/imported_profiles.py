@@ -5,7 +5,7 @@ the pivot (ingest/formats/responses.py); its profile fields (ingest/formats/prof
 `imported_profiles` (catalog.IMPORTED_PROFILES_SCHEMA) with its source: profile_source `imported`, the model the
 row's `<model>_info` names, the input file and its content fingerprint. The table sits beside the profiles the
 project samples (`turn_profiles`): a turn can have both, and `pivots.profile_source` says which one selection reads.
-Nothing is sampled and no policy is loaded.
+Nothing is sampled and no policy is loaded: the asset is in the ingest group, whose runs load no model.
 
 The rows are read again from the configured inputs with the ingest's own rules (ingest_record), so a row's
 trajectory and turn ids are the ones `trajectories` and `turns` hold. Rows the ingest quarantined (a malformed
@@ -23,9 +23,10 @@ import pyarrow as pa
 
 from pivot_assets.core.catalog import IMPORTED_PROFILES_SCHEMA
 from pivot_assets.core.ids import turn_id
-from pivot_assets.ingest.formats import as_input, expand_paths, iter_raw_records
-from pivot_assets.ingest.formats.ingest import ingest_record
-from pivot_assets.ingest.formats.profiles import row_profile
+
+from .formats import as_input, expand_paths, iter_raw_records
+from .formats.ingest import ingest_record
+from .formats.profiles import row_profile
 
 PROFILE_SOURCE = "imported"
 IMPORTED_VERIFIER = "imported"  # one verifier_fp for every imported row: the rows' own scoring, not a verifier here
