@@ -146,6 +146,19 @@ def test_nothing_was_sampled_and_no_engine_started(round_trip):
     assert len(rows) == adv.height and all(len(r["qwen_235b_info"]["rewards"]) == r["pass_rate_total"] for r in rows)
 
 
+def test_the_hf_export_of_imported_pivots_loads_with_their_profile(round_trip, tmp_path):
+    from datasets import load_from_disk
+
+    _, _, b = round_trip
+    with pytest.MonkeyPatch.context() as mp:
+        run_in(b, mp, "export", "--set", "adv", "--format", "hf", "--out", str(tmp_path / "adv"))
+    rows = load_from_disk(str(tmp_path / "adv")).to_list()
+    adv = Warehouse(b / "wh").read("pivots_adv")
+    assert sorted(r["turn_id"] for r in rows) == sorted(adv["turn_id"])
+    assert {r["policy_fp"] for r in rows} == {"imported:qwen_235b"} and all(r["n_distinct_actions"] is None for r in rows)
+    assert sorted((r["k"], r["n_pass"]) for r in rows) == sorted(zip(adv["k"], adv["n_pass"]))
+
+
 def test_the_sql_views_read_imported_profiles(round_trip, capsys):
     _, _, b = round_trip
     with pytest.MonkeyPatch.context() as mp:
