@@ -13,8 +13,8 @@ Per-sample token counts: servers report usage per request, so n_completion_token
 usage.completion_tokens / its number of choices (rounded), and n_prompt_tokens is usage.prompt_tokens.
 Seeds: the first request of a turn carries seed = hash(seed, turn_id), follow-ups hash(seed, turn_id#i).
 Per-sample seeding (`rows=`, profiling's default): one n=1 request per (turn, sample index), seeded hash(row seed,
-turn_id), the body a K=1 call under that seed sends. Requests go out from one asyncio loop over an aiohttp session
-that keeps `concurrency` connections alive: no connection, thread or JSON encoding of the turn per request.
+turn_id), the body a K=1 call under that seed sends. Requests go out from one asyncio loop over at most `concurrency`
+kept-alive HTTP/1.1 connections: no connection, thread or JSON encoding of the turn per request.
 `policy.thinking: off` sends chat_template_kwargs {enable_thinking: false} (vLLM and SGLang pass it to the
 template); `strip` cuts a closed thought from each completion, as the local backends do.
 """
@@ -24,8 +24,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import ssl
 import threading
 import time
+import urllib.parse
 import weakref
 from collections.abc import Iterator
 
@@ -101,9 +103,9 @@ def request_seed(seed: int, turn_id: str) -> int:
 class OpenAIBackend:
     """K samples per turn from an OpenAI-compatible chat server, `concurrency` requests in flight.
 
-    Requests go out from one asyncio loop (a thread of its own, started on first use) over one aiohttp session
-    whose connections are kept alive and reused; a turn's body is encoded once and shared by its requests (only n
-    and seed differ). While the caller writes one group's samples, the next group's requests are in flight."""
+    Requests go out from one asyncio loop (a thread of its own, started on first use) over at most `concurrency`
+    HTTP/1.1 connections kept alive and reused; a turn's body is encoded once and shared by its requests (only n and
+    seed differ). While the caller writes one group's samples, the next group's requests are in flight."""
 
     def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", concurrency: int = 8,
                  timeout_s: float = 300.0, max_retries: int = 5, backoff_s: float = 1.0, group_size: int | None = None,
@@ -118,7 +120,7 @@ class OpenAIBackend:
         self.thinking = thinking
         self.stats = new_stats()
         self.stats["requests"] = 0
-        self._io = _ClientLoop(self.concurrency, self.timeout_s, self.api_key)
+        self._io = _ClientLoop(self.base_url, self.concurrency, self.timeout_s, self.api_key)
         weakref.finalize(self, self._io.close)  # a backend dropped without close() stops its thread too
 
     def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig,
@@ -213,34 +215,30 @@ class OpenAIBackend:
         self.stats["cache_hits"] += int(bool(cached))
 
     async def _post(self, path: str, body: str, turn_id: str) -> dict:
-        import aiohttp
-
         url, data, last = self.base_url + path, body.encode(), ""
         for attempt in range(self.max_retries + 1):
             if attempt:
                 await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
-                async with self._io.session().post(url, data=data) as resp:
-                    payload = await resp.read()
-                if resp.status == 200:
+                status, payload = await self._io.pool().post(path, data)
+                if status == 200:
                     return json.loads(payload)
                 detail = payload[:300].decode(errors="replace")
-                if resp.status not in RETRY_STATUS:
-                    raise ServerError(f"turn {turn_id}: HTTP {resp.status} from {url}: {detail}")
-                last = f"HTTP {resp.status}: {detail}"
-            except (TimeoutError, aiohttp.ClientError, ConnectionError, json.JSONDecodeError) as exc:
+                if status not in RETRY_STATUS:
+                    raise ServerError(f"turn {turn_id}: HTTP {status} from {url}: {detail}")
+                last = f"HTTP {status}: {detail}"
+            except (OSError, EOFError, TimeoutError, ValueError) as exc:  # ValueError: a malformed reply or JSON
                 last = f"{type(exc).__name__}: {exc}"
         raise ServerError(f"turn {turn_id}: {self.max_retries + 1} attempts to {url} failed, last: {last}")
 
 
 class _ClientLoop:
-    """An asyncio loop in a daemon thread and its aiohttp session (keep-alive pool of `concurrency` connections),
-    both started on first use."""
+    """An asyncio loop in a daemon thread and its connection pool, both started on first use."""
 
-    def __init__(self, concurrency: int, timeout_s: float, api_key: str | None):
-        self.concurrency, self.timeout_s, self.api_key = concurrency, timeout_s, api_key
+    def __init__(self, base_url: str, concurrency: int, timeout_s: float, api_key: str | None):
+        self.base_url, self.concurrency, self.timeout_s, self.api_key = base_url, concurrency, timeout_s, api_key
         self.loop: asyncio.AbstractEventLoop | None = None
-        self._session = None
+        self._pool: _HttpPool | None = None
 
     def submit(self, coroutine):
         if self.loop is None:
@@ -248,23 +246,92 @@ class _ClientLoop:
             threading.Thread(target=self.loop.run_forever, name="openai-backend", daemon=True).start()
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
 
-    def session(self):
-        """The session (made on the loop's thread, the one it must be used from)."""
-        if self._session is None:
-            import aiohttp
-
-            headers = {"Content-Type": "application/json"}
-            if self.api_key:
-                headers["Authorization"] = f"Bearer {self.api_key}"
-            self._session = aiohttp.ClientSession(
-                headers=headers, connector=aiohttp.TCPConnector(limit=self.concurrency),
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s))
-        return self._session
+    def pool(self) -> _HttpPool:
+        """The pool (made on the loop's thread, the one it is used from)."""
+        if self._pool is None:
+            self._pool = _HttpPool(self.base_url, self.concurrency, self.timeout_s, self.api_key)
+        return self._pool
 
     def close(self) -> None:
         if self.loop is None:
             return
-        if self._session is not None:
-            asyncio.run_coroutine_threadsafe(self._session.close(), self.loop).result()
+        if self._pool is not None:
+            asyncio.run_coroutine_threadsafe(self._pool.close(), self.loop).result()
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self.loop, self._session = None, None
+        self.loop, self._pool = None, None
+
+
+class _HttpPool:
+    """HTTP/1.1 POSTs of JSON to one server over at most `size` kept-alive connections.
+
+    A few lines of HTTP rather than a general client: a request is one write of prebuilt bytes and a response is its
+    status line, headers and a Content-Length or chunked body, a fraction of a general client's CPU per request
+    (the rollouts step sends one request per sample)."""
+
+    def __init__(self, base_url: str, size: int, timeout_s: float, api_key: str | None):
+        url = urllib.parse.urlsplit(base_url)
+        self.host, self.prefix, self.timeout_s = url.hostname or "localhost", url.path, timeout_s
+        self.ssl = ssl.create_default_context() if url.scheme == "https" else None
+        self.port = url.port or (443 if self.ssl else 80)
+        host = url.netloc.rpartition("@")[2]
+        auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
+        self.head = (f"Host: {host}\r\nContent-Type: application/json\r\nAccept: application/json\r\n{auth}"
+                     "Content-Length: ")
+        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self.slots = asyncio.Semaphore(size)
+
+    async def post(self, path: str, data: bytes) -> tuple[int, bytes]:
+        """(status, body) of one POST; a kept-alive connection the server closed meanwhile is replaced at once."""
+        request = f"POST {self.prefix}{path} HTTP/1.1\r\n{self.head}{len(data)}\r\n\r\n".encode() + data
+        async with self.slots:
+            while self.idle:
+                connection = self.idle.pop()
+                try:
+                    return await self._exchange(connection, request)
+                except (ConnectionError, asyncio.IncompleteReadError):
+                    continue  # closed by the server while idle: try the next one, then a new one
+            connection = await asyncio.open_connection(self.host, self.port, ssl=self.ssl)
+            return await self._exchange(connection, request)
+
+    async def _exchange(self, connection, request: bytes) -> tuple[int, bytes]:
+        reader, writer = connection
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                writer.write(request)
+                status, body, keep = await _read_response(reader)
+        except BaseException:
+            writer.close()
+            raise
+        if keep:
+            self.idle.append(connection)
+        else:
+            writer.close()
+        return status, body
+
+    async def close(self) -> None:
+        for _reader, writer in self.idle:
+            writer.close()
+        self.idle = []
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
+    """(status, body, whether the connection stays open) of one HTTP/1.x response."""
+    lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+    version, status = lines[0].split(" ", 2)[:2]
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+    if "content-length" in headers:
+        body = await reader.readexactly(int(headers["content-length"]))
+    elif headers.get("transfer-encoding", "").lower() == "chunked":
+        chunks = []
+        while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
+            chunks.append(await reader.readexactly(size))
+            await reader.readexactly(2)
+        await reader.readuntil(b"\r\n")  # the last chunk's line (no trailers sent by OpenAI-compatible servers)
+        body = b"".join(chunks)
+    else:  # the body runs to the end of the connection
+        body, keep = await reader.read(), False
+    return int(status), body, keep

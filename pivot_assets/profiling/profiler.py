@@ -28,6 +28,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
     from pivot_assets.core.config import AdaptiveSection, PivotConfig, PolicySection
 
 SCORE_CHUNK = 20_000
+SERVED_PART_ROWS = 4096  # rollouts rows per part from a served engine (Profiler.part_rows)
 PER_TURN, PER_SAMPLE = "per_turn", "per_sample"  # how samples are seeded (`profiling.seeding`)
 
 
@@ -134,12 +136,20 @@ def generation_requests(wh: Warehouse, turn_ids: Iterable[str], experts: Iterabl
     """GenerationRequests (state rebuilt from trajectories.messages[:message_index]) in trajectory order,
     so a trajectory's turns sit together and the backend can reuse their shared prefix. The turns in `experts`
     also carry their expert message (messages[message_index]), for its likelihood."""
+    return list(generation_request_stream(wh, turn_ids, experts))
+
+
+REQUEST_BATCH = 512  # trajectory rows in memory at a time while requests are streamed
+
+
+def generation_request_stream(wh: Warehouse, turn_ids: Iterable[str], experts: Iterable[str] = ()) -> Iterator:
+    """generation_requests as a stream: one query, REQUEST_BATCH joined rows in memory at a time."""
     experts = set(experts)
     from pivot_assets.policies.base import GenerationRequest
 
     con = wh.duck()
     _with_wanted(con, turn_ids)
-    rows = con.execute(
+    reader = con.execute(
         f"""
         select u.turn_id, u.trajectory_id, u.message_index, t.messages, t.tools
         from read_parquet('{wh.table_path('turns')}') u
@@ -147,19 +157,16 @@ def generation_requests(wh: Warehouse, turn_ids: Iterable[str], experts: Iterabl
         join read_parquet('{wh.table_path('trajectories')}') t using (trajectory_id)
         order by u.trajectory_id, u.message_index
         """
-    ).fetchall()
-    con.close()
-    return [
-        GenerationRequest(
-            turn_id=tid,
-            trajectory_id=trid,
-            message_index=idx,
-            messages=list(messages[:idx]),
-            tools=json.loads(tools or "[]"),
-            expert=messages[idx] if tid in experts else None,
-        )
-        for tid, trid, idx, messages, tools in rows
-    ]
+    ).fetch_record_batch(REQUEST_BATCH)
+    try:
+        for batch in reader:
+            for row in batch.to_pylist():
+                messages, idx = row["messages"], row["message_index"]
+                yield GenerationRequest(turn_id=row["turn_id"], trajectory_id=row["trajectory_id"], message_index=idx,
+                                        messages=list(messages[:idx]), tools=json.loads(row["tools"] or "[]"),
+                                        expert=messages[idx] if row["turn_id"] in experts else None)
+    finally:
+        con.close()
 
 
 def generate_rollouts(
@@ -802,15 +809,26 @@ class Profiler:
         return stats
 
     def generate_rows(self, backend, rows: list[dict], progress: Progress | None = None) -> dict:
-        """generate_samples over the rows in parts of whole turns (about policy.batch_size rows each), so a kill
-        loses at most the part in flight."""
+        """generate_samples over the rows in parts of whole turns (about part_rows each), so a kill loses at most
+        the parts in flight. A served engine's requests are read in one stream, and its next part is requested
+        while this one is written (one writer thread, parts written in order)."""
         n_rows = n_tokens = 0
         t0 = time.perf_counter()
-        for chunk in turn_chunks(rows, self.policy.batch_size):
-            out = self.generate_samples(backend, chunk)
-            n_rows, n_tokens = n_rows + out["rows"], n_tokens + out["tokens"]
-            if progress:
-                progress.update(out["rows"])
+        served = not self.engine.local_model
+        parts_in = self.served_parts(rows) if served else (
+            (chunk, None) for chunk in turn_chunks(rows, self.part_rows))
+        with ThreadPoolExecutor(max_workers=1) as writer:
+            written = None
+            for chunk, requests in parts_in:
+                samples, requests, likelihoods = self.sample_rows(backend, chunk, requests)
+                if written is not None:
+                    n_rows, n_tokens = self._written(written.result(), n_rows, n_tokens, progress)
+                written = writer.submit(self.write_samples, samples, requests, likelihoods)
+                if not served:
+                    n_rows, n_tokens = self._written(written.result(), n_rows, n_tokens, progress)
+                    written = None
+            if written is not None:
+                n_rows, n_tokens = self._written(written.result(), n_rows, n_tokens, progress)
         wall = time.perf_counter() - t0
         return {"rollouts_generated": n_rows, "generated_tokens": n_tokens, "generation_s": round(wall, 2),
                 "tokens_per_s": round(n_tokens / wall, 1) if wall > 0 else 0.0}
@@ -873,24 +891,67 @@ class Profiler:
         """Generate one sample per (turn_id, sample_index) row, each seeded by (sample_seed(seed, i), turn_id);
         write them as ONE part named by its rows, so a retried batch overwrites its own part. The turns without a
         stored expert likelihood get it too (a backend that teacher-forces), in a part of the same name."""
-        turns = {r["turn_id"] for r in rows}
-        experts = (turns - done_likelihoods(self.wh, self.policy_fp, self.sampling_fp, self.shard)
-                   if self.engine.scores_continuation else set())
-        requests = {q.turn_id: q for q in generation_requests(self.wh, turns, experts)}
         t0 = time.perf_counter()
+        samples, requests, likelihoods = self.sample_rows(backend, rows)
+        return {**self.write_samples(samples, requests, likelihoods), "seconds": time.perf_counter() - t0}
+
+    def sample_rows(self, backend, rows: list[dict], requests: dict | None = None) -> tuple[list, dict, list]:
+        """The samples of the rows, their turns' requests (read here unless given) and the expert likelihoods that
+        came with them."""
+        if requests is None:
+            turns = {r["turn_id"] for r in rows}
+            experts = (turns - done_likelihoods(self.wh, self.policy_fp, self.sampling_fp, self.shard)
+                       if self.engine.scores_continuation else set())
+            requests = {q.turn_id: q for q in generation_requests(self.wh, turns, experts)}
         samples, likelihoods = (self._samples_per_row(backend, rows, requests)
                                 if self.engine.per_row_seeds
                                 else self._samples_per_index(backend, rows, requests))
-        return {**self.write_samples(samples, requests, likelihoods), "seconds": time.perf_counter() - t0}
+        return samples, requests, likelihoods
+
+    def served_parts(self, rows: list[dict]) -> Iterator[tuple[list[dict], dict]]:
+        """The rows in parts of whole turns (about part_rows each) with their turns' requests, the requests read in
+        one stream in trajectory order (a query per part would read the trajectories once per part). A served
+        engine teacher-forces nothing: no expert messages."""
+        by_turn: dict[str, list[dict]] = {}
+        for r in rows:
+            by_turn.setdefault(r["turn_id"], []).append(r)
+        chunk: list[dict] = []
+        requests: dict = {}
+        for request in generation_request_stream(self.wh, list(by_turn)):
+            chunk += by_turn.pop(request.turn_id)
+            requests[request.turn_id] = request
+            if len(chunk) >= self.part_rows:
+                yield chunk, requests
+                chunk, requests = [], {}
+        if chunk:
+            yield chunk, requests
+        if by_turn:
+            raise ValueError(f"{len(by_turn)} turns to sample have no row in turns/trajectories, e.g. "
+                             f"{next(iter(by_turn))}: pivot run --select turns")
+
+    @cached_property
+    def part_rows(self) -> int:
+        """Rows per rollouts part: policy.batch_size, and for a served engine at least SERVED_PART_ROWS (its batch
+        is the `concurrency` requests in flight, not the part; small parts cost a query and a file each)."""
+        return self.policy.batch_size if self.engine.local_model else max(self.policy.batch_size, SERVED_PART_ROWS)
+
+    @staticmethod
+    def _written(out: dict, n_rows: int, n_tokens: int, progress: Progress | None) -> tuple[int, int]:
+        if progress:
+            progress.update(out["rows"])
+        return n_rows + out["rows"], n_tokens + out["tokens"]
 
     def write_samples(self, samples: list, requests: dict, likelihoods: list = ()) -> dict:
         """The samples as ONE rollouts part named by its rows (a retried batch overwrites its own part), and the
         likelihoods that came with them in an expert_likelihoods part of the same name."""
-        part = pa.Table.from_pylist([
-            {"turn_id": s.turn_id, "trajectory_id": requests[s.turn_id].trajectory_id, "policy_fp": self.policy_fp,
-             "sampling_fp": self.sampling_fp, "sample_index": s.sample_index, "completion": s.completion,
-             "n_prompt_tokens": s.n_prompt_tokens, "n_completion_tokens": s.n_completion_tokens,
-             "finish_reason": s.finish_reason} for s in samples], schema=ROLLOUTS_SCHEMA)
+        turn_ids = [s.turn_id for s in samples]
+        part = pa.table({  # column by column: no dict per row
+            "turn_id": turn_ids, "trajectory_id": [requests[t].trajectory_id for t in turn_ids],
+            "policy_fp": [self.policy_fp] * len(samples), "sampling_fp": [self.sampling_fp] * len(samples),
+            "sample_index": [s.sample_index for s in samples], "completion": [s.completion for s in samples],
+            "n_prompt_tokens": [s.n_prompt_tokens for s in samples],
+            "n_completion_tokens": [s.n_completion_tokens for s in samples],
+            "finish_reason": [s.finish_reason for s in samples]}, schema=ROLLOUTS_SCHEMA)
         key = part_key(self.policy_fp, self.sampling_fp, rows=(f"{s.turn_id}:{s.sample_index}" for s in samples))
         write_likelihoods(self.wh, likelihoods, self.policy_fp, self.sampling_fp, self.shard, key)
         self.wh.append_part("rollouts", part, shard=self.shard, key=key)
