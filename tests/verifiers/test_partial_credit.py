@@ -117,3 +117,45 @@ def test_credit_and_threshold_are_checked_and_in_the_fingerprint():
         build_verifier({"name": "tool_call", "pass_threshold": 1.5})
     assert len({BINARY.fingerprint, CREDIT.fingerprint,
                 build_verifier({"name": "tool_call", "credit": "arguments"}).fingerprint}) == 3
+
+
+def test_profiles_count_passes_by_each_domain_verifiers_threshold_and_the_contract_checks_it(tmp_path):
+    """turn_profiles.n_pass from the real profiler SQL, one threshold per domain (a quote in a name included), and
+    the turn_profiles contract's n_pass_gap, which a miscounted n_pass fails."""
+    import polars as pl
+    import pyarrow as pa
+
+    from pivot_assets.core.catalog import REWARDS_SCHEMA
+    from pivot_assets.core.config import AdaptiveSection
+    from pivot_assets.core.warehouse import Warehouse
+    from pivot_assets.curation.contracts import run_contract
+    from pivot_assets.profiling.adaptive import annotate
+    from pivot_assets.profiling.profiler import build_profiles
+
+    section = DomainVerifiers({"default": {"name": "exact"},
+                               "domains": {"graded": {"name": "string_similarity", "graded": True, "threshold": 0.5},
+                                           "o'k": {"name": "tool_call", "credit": "arguments", "pass_threshold": 0.3}}})
+    samples = {"graded": [0.0, 0.4, 0.5, 0.9], "o'k": [0.0, 0.25, 1 / 3, 2 / 3], "plain": [0.0, 0.5, 1.0, 1.0]}
+    wh = Warehouse(tmp_path / "wh")
+    turns = [{"turn_id": f"t-{d}", "trajectory_id": f"tr-{d}", "domain": d, "message_index": 2, "turn_index": 0,
+              "action_kind": "message", "expert_action": '{"content":"ok","type":"message"}', "tool_names": []}
+             for d in samples]
+    rewards = [{"turn_id": f"t-{d}", "policy_fp": "pol", "sampling_fp": "samp", "sample_index": i, "verifier_fp": "ver",
+                "domain": d, "reward": r, "reason": "OK", "detail": None, "action": "a"}
+               for d, values in samples.items() for i, r in enumerate(values)]
+    wh.write_table("turns", pl.DataFrame(turns).to_arrow())
+    wh.append_part("rollout_rewards", pa.Table.from_pylist(rewards, schema=REWARDS_SCHEMA))
+    counts = build_profiles(wh, "pol", "samp", "ver", [t["turn_id"] for t in turns],
+                            pass_thresholds=section.pass_thresholds)
+    profiles = pl.from_arrow(annotate(counts, AdaptiveSection(), 4, 0.6)[0])
+    got = {r["domain"]: (r["n_pass"], r["pass_threshold"]) for r in profiles.iter_rows(named=True)}
+    assert got == {"graded": (2, 0.5), "o'k": (2, 0.3), "plain": (2, 1.0)}
+    assert got == {d: (sum(section.for_domain(d).passes(r) for r in v), section.for_domain(d).pass_threshold)
+                   for d, v in samples.items()}
+
+    params = {"lambda_diff": 0.6, "policy_k": 4}
+    related = {"rollout_rewards": pl.DataFrame(rewards)}
+    assert run_contract("turn_profiles", profiles, related=related, params=params).success
+    miscounted = profiles.with_columns(pl.col("n_pass") + (pl.col("domain") == "graded").cast(pl.Int32))
+    result = run_contract("turn_profiles", miscounted, related=related, params=params)
+    assert not result.success and "n_pass_gap" in result.summary()
