@@ -268,12 +268,159 @@ def render(d: dict, budget: float, target: float) -> str:
     return "\n".join(lines)
 
 
+# -- the paper's table (--table): the two ablation pairs and the OOD probe, from the first run's unit files ---------
+FIRST_RUN = ROOT / "bench" / "data" / "decisive_bfcl"
+CHI2_025_DF2 = -2 * math.log(0.975)  # the 2.5% quantile of chi-square with 2 df (exponential, mean 2): 0.0506
+TABLE_COSTS = {  # CPU minutes on this 2-core AMD EPYC, each with its source
+    "phase_a": (47 * 2.3, "the first run's phase (a), ~47 min (issue estimate on this CPU), x 2.3: a float32 "
+                          "training step of the 135M model under MKL_CBWR=COMPATIBLE (12.9 against 5.6 CPU s, "
+                          "measured here; ATen AVX2 and deterministic algorithms cost nothing measurable)"),
+    "grpo": (46, "a GRPO run of 152 steps on this CPU (issue estimate from the first run's units)"),
+    "eval": (12, "an evaluation unit, 198 items x eval_k 4 (the first run's units: 708-1525 s, 715 uncontended)"),
+    "ood": (3, "the OOD probe, 424 items, greedy, 20 new tokens (estimate: 7 batches of 64)"),
+    "sft": (10, "same-data SFT, 2 passes over 76 turns = 38 steps of 4 per-turn examples (estimate)"),
+    "sweep_eval": (6, "a sweep-slice evaluation, 80 items x 4 (the first run's sweep units: 192-460 s)"),
+}
+
+
+def first_run_components(data: Path = FIRST_RUN) -> dict:
+    """Variance components of the paired held-out difference, measured on the first run's grpo_adv - grpo_cand units
+    (3 seeds x 198 items x eval_k 4): sw2 (within-item sample variance), w (per-seed item variance of the paired
+    difference), sd2 (its part common to the seeds), the per-seed means and their SD, tau2 (seed variance, the seed
+    means' variance less their item noise) and tau2's 95% upper bound from the seed means' chi-square (2 df)."""
+    import statistics
+
+    import polars as pl
+
+    ev = pl.concat([pl.read_parquet(f) for f in sorted(data.glob("eval_*.parquet"))], how="diagonal_relaxed")
+    per = ev.group_by("model", "draw", "turn_id").agg(pl.col("reward").mean().alias("m"),
+                                                      pl.col("reward").var().alias("v"))
+    sw2 = float(per["v"].mean())
+    k = int(ev.group_by("model", "draw", "turn_id").len()["len"].max())
+    m = {(a, d): dict(zip(g["turn_id"], g["m"])) for (a, d), g in per.group_by("model", "draw")}
+    seeds = sorted({d for _, d in m})
+    items = sorted(set.intersection(*(set(x) for x in m.values())))
+    diffs = {s: [m[("grpo_adv", s)][t] - m[("grpo_cand", s)][t] for t in items] for s in seeds}
+    seed_means = [statistics.fmean(diffs[s]) for s in seeds]
+    w = statistics.fmean(statistics.variance(diffs[s]) for s in seeds)
+    averaged = statistics.variance([statistics.fmean(diffs[s][i] for s in seeds) for i in range(len(items))])
+    S, I = len(seeds), len(items)
+    sd2 = max(0.0, (S * averaged - w) / (S - 1))
+    s_seed = statistics.stdev(seed_means)
+    tau2 = max(0.0, s_seed ** 2 - w / I)
+    return {"sw2": sw2, "k": k, "w": w, "sd2": sd2, "S": S, "I": I, "seed_means": seed_means, "s_seed": s_seed,
+            "tau2": tau2, "tau2_high": s_seed ** 2 * (S - 1) / CHI2_025_DF2,
+            "reference": statistics.fmean(x for s in seeds for x in m[("reference", s)].values())}
+
+
+def pair_half_width(c: dict, S: int, tau2: float) -> float:
+    """1.96 sqrt(V) of a paired difference pooled over S seeds on c's items: the item term (its common part sd2 and
+    its per-seed rest (w - sd2) / S) over I, plus the seed term tau2 / S."""
+    return Z * math.sqrt((c["sd2"] + (c["w"] - c["sd2"]) / S) / c["I"] + tau2 / S)
+
+
+def seeds_to_decide(c: dict, delta: float, tau2: float, most: int = 60) -> int | None:
+    """The fewest seeds whose expected half-width is below |delta| (None: not within `most`)."""
+    return next((S for S in range(1, most + 1) if pair_half_width(c, S, tau2) < abs(delta)), None)
+
+
+def render_table_design(c: dict, n_ood: int) -> str:
+    cost = {k: v_[0] for k, v_ in TABLE_COSTS.items()}
+    seed_cpu = 2 * cost["grpo"] + cost["sft"] + 3 * cost["eval"] + 4 * cost["ood"]
+    sweep_cpu = 3 * (cost["sft"] + cost["sweep_eval"]) + cost["sweep_eval"]
+    total = cost["phase_a"] + sweep_cpu + 3 * seed_cpu
+    hw3, hw3_high = pair_half_width(c, 3, c["tau2"]), pair_half_width(c, 3, c["tau2_high"])
+    ood_ref = Z * math.sqrt(0.25 / n_ood)
+    lines = [
+        "# The paper's table on the decisive run: same-data SFT and the exact-match reward beside D_adv and D_cand, "
+        "in and out of domain", "",
+        "## Design, written before the run", "",
+        "Written by `.venv/bin/python bench/decisive_design.py --table` before any held-out unit of this run existed; "
+        "the runner (`bench/decisive.py --config configs/decisive_bfcl_table.yaml --report`) appends the results "
+        "below this section and leaves it as it is. Its variance figures come from the first run's unit files "
+        "(`bench/data/decisive_bfcl/`: grpo_adv and grpo_cand, 3 seeds).", "",
+        "### What is compared", "",
+        "- **Held-out (primary set: every held-out profiled item, 198):** `grpo_adv - grpo_adv_exact` (the paper's "
+        "exact-match reward row) and `grpo_adv - sft_same_data` (its same-data SFT row), each pooled over seeds 0-2 "
+        "(seed s of each arm on evaluation draw s), 95% intervals from the project's hierarchical bootstrap (seeds, "
+        "conversations, items). `grpo_adv - grpo_cand` stays the first run's (another phase (a) block: arms of two "
+        "blocks are never paired).",
+        f"- **Out of domain (the OOD probe, all {n_ood} items, greedy):** the reference, grpo_adv, sft_same_data and "
+        "grpo_adv_exact, each with its interval and its delta vs the reference; `grpo_adv - sft_same_data` on the "
+        "probe is the paper's retention claim (PivotRL +0.21 vs SFT -9.83 points).",
+        "- Same engine, precision (float32), steps and evaluation draws as the first run: GRPO 152 steps (2 passes "
+        "over D_adv's 76 pool turns, 1 prompt x 4 completions), learning rate 1e-5 for both GRPO arms, evaluation "
+        "sampled at temperature 1.0, eval_k 4, draws 0-2.", "",
+        "### sft_same_data: budget and learning rate", "",
+        "- **Data:** exactly grpo_adv's turns: the pool's D_adv turns of the same block (the same 76 turn ids; each "
+        "train unit records the ids it trained on, `turn_ids_trained`, so the two arms' sets are compared by id), one "
+        "per-turn example each (the turn's state cut from the left, the expert action as the target).",
+        "- **Budget:** the same number of passes as GRPO, 2 over those turns (`ablation.epochs: 2`): 38 optimizer "
+        "steps of 4 examples. This is the paper's same data: the same prompts, seen as often, with the expert's "
+        "action as the target in place of sampled completions and a reward.",
+        "- **Learning rate:** chosen before phase (b) on the sweep slice (80 profiled pool turns outside D_adv, "
+        "evaluation draw 100, 4 samples each; never a held-out item) among 1e-5, 3e-5 and 1e-4 (the warm-up's own), "
+        "each trained at the run's budget; the rule of the first run's sweep: the highest slice accuracy, and among "
+        "rates within 0.02 of it the smallest. Cost: 3 SFT runs and 4 slice evaluations (the reference's included), "
+        f"about {sweep_cpu:.0f} CPU min.", "",
+        "### Variance measured by the first run (3 seeds x 198 items x eval_k 4)", "",
+        f"- within-item sample variance sw2 = {c['sw2']:.4f}; reference accuracy {c['reference']:.3f}",
+        f"- the paired adv - cand difference per item: variance within a seed w = {c['w']:.4f}, of which common to "
+        f"the seeds sd2 = {c['sd2']:.4f}",
+        "- per-seed adv - cand means: " + ", ".join(f"{x:+.4f}" for x in c["seed_means"])
+        + f" (SD {c['s_seed']:.4f}); seed variance tau2 = SD^2 - w/I = {c['tau2']:.2e}",
+        f"- **the seed term, bounded:** 3 seeds give the seed SD 2 degrees of freedom; its 95% upper bound is SD x "
+        f"sqrt(2 / chi2(0.025; 2)) = SD x {math.sqrt(2 / CHI2_025_DF2):.2f} = {math.sqrt(c['tau2_high']):.4f} "
+        f"(tau2 <= {c['tau2_high']:.2e}); the design quotes both ends.", "",
+        "### Expected half-widths (normal approximation)", "",
+        "V(S) = (sd2 + (w - sd2)/S) / I + tau2 / S; half-width = 1.96 sqrt(V). The new pairs share the first pair's "
+        "items, draws and evaluation; their seed and item terms are taken as adv - cand's (SFT may move the policy "
+        "differently from GRPO: the run measures its own).", "",
+        "| pair | seeds | half-width (tau2 measured) | half-width (tau2 at its 95% bound) |", "|---|---|---|---|"]
+    for S in (3, 6, 10):
+        lines.append(f"| grpo_adv - grpo_adv_exact, grpo_adv - sft_same_data (held-out) | {S} | "
+                     f"{pair_half_width(c, S, c['tau2']):.3f} | {pair_half_width(c, S, c['tau2_high']):.3f} |")
+    lines += [
+        "", f"Out of domain (greedy: no sampling term; {n_ood} items): one model's accuracy interval is at most "
+        f"1.96 sqrt(0.25 / {n_ood}) = {ood_ref:.3f}; a paired difference's item term is (share of items on which the "
+        f"two models disagree) / {n_ood}: half-width {Z * math.sqrt(0.1 / n_ood / 3):.3f} at 10% disagreement and "
+        f"{Z * math.sqrt(0.3 / n_ood / 3):.3f} at 30%, pooled over 3 seeds, plus the seed term the run measures.", "",
+        f"A pair is decided when its interval excludes 0: at 3 seeds, by a difference beyond ~{hw3:.3f} (beyond "
+        f"~{hw3_high:.3f} if the seed SD is at its bound). Where a pair is not decided, the report gives the seeds the "
+        "measured variance asks for (`seeds_to_decide`: the fewest S whose expected half-width is below the measured "
+        "difference).", "",
+        "### Blocks and machines", "",
+        "A seed's units share one phase (a) block (the reference's weights, the pivot sets, the split). Phase (a) runs "
+        "pinned (`bench/decisive.py` PINNED_ENV: one thread, `MKL_CBWR=COMPATIBLE`, `ATEN_CPU_CAPABILITY=avx2`, "
+        "`ONEDNN_MAX_CPU_ISA=AVX2`, torch's deterministic algorithms, float32), which repeats its block bit for bit "
+        "on one machine (tests/training/test_decisive_pinned.py); `prepare.json` records each run's block, CPU and "
+        "settings, so a run of the same config on the other CPU kind shows whether the block is the same there. "
+        "This run's block is not the first run's (that phase (a) ran unpinned on a Xeon): grpo_adv runs again here, "
+        "and its held-out units equal the first run's only if the blocks are equal.", "",
+        "### Cost (CPU minutes on this 2-core AMD EPYC)", "", "| piece | CPU min | source |", "|---|---|---|"]
+    lines += [f"| {k} | {v_[0]:.0f} | {v_[1]} |" for k, v_ in TABLE_COSTS.items()]
+    lines += ["", f"A seed: 2 GRPO runs, 1 SFT run, 3 held-out evaluations, 4 OOD evaluations (the reference's "
+              f"included) = {seed_cpu:.0f} CPU min. Total: phase (a) {cost['phase_a']:.0f} + the SFT sweep "
+              f"{sweep_cpu:.0f} + 3 seeds x {seed_cpu:.0f} = **{total:.0f} CPU min ({total / 60:.1f} CPU h)**, two "
+              "units at a time at nice 19 beside other work.", ""]
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget-min", type=float, default=180.0)
     ap.add_argument("--target", type=float, default=0.03)
     ap.add_argument("--write", default=None, help="write the design head to this results file")
+    ap.add_argument("--table", action="store_true", help="the paper's table run (configs/decisive_bfcl_table.yaml)")
     args = ap.parse_args()
+    if args.table:
+        from pivot_assets.evaluation.ood_probe import ood_probe_items
+
+        text = render_table_design(first_run_components(), len(ood_probe_items()))
+        print(text)
+        if args.write:
+            Path(args.write).write_text(text)
+        return
     d = design(args.budget_min, args.target)
     text = render(d, args.budget_min, args.target)
     print(text)
