@@ -119,6 +119,7 @@ def test_credit_and_threshold_are_checked_and_in_the_fingerprint():
                 build_verifier({"name": "tool_call", "credit": "arguments"}).fingerprint}) == 3
 
 
+@pytest.mark.scenario  # two Great Expectations runs: over 5 s
 def test_profiles_count_passes_by_each_domain_verifiers_threshold_and_the_contract_checks_it(tmp_path):
     """turn_profiles.n_pass from the real profiler SQL, one threshold per domain (a quote in a name included), and
     the turn_profiles contract's n_pass_gap, which a miscounted n_pass fails."""
