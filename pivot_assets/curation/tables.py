@@ -19,6 +19,7 @@ def select_and_write(wh: Warehouse, pivots: PivotsSection) -> dict[str, int]:
     from pivot_assets.curation.selection import compare_rules, funnel_counts, select_pivots
 
     profiles, turns = wh.read(profiles_table(pivots)), wh.read("turns")
+    _one_imported_model(profiles, pivots)
     result = select_pivots(profiles, turns, pivots)
     for table in PIVOT_TABLES:
         wh.write_table(table, result[table].to_arrow())
@@ -30,6 +31,16 @@ def select_and_write(wh: Warehouse, pivots: PivotsSection) -> dict[str, int]:
 def profiles_table(pivots: PivotsSection) -> str:
     """The profiles selection reads: turn_profiles (sampled) or imported_profiles (pivots.profile_source)."""
     return IMPORTED_PROFILES if pivots.profile_source == "imported" else "turn_profiles"
+
+
+def _one_imported_model(profiles, pivots: PivotsSection) -> None:
+    """Selection compares the turns of one profiling model: imported rows of several models are refused in one line."""
+    if pivots.profile_source != "imported":
+        return
+    models = sorted(set(profiles["policy_fp"].to_list()))
+    if len(models) > 1:
+        raise ValueError(f"imported_profiles holds the profiles of {len(models)} models ({', '.join(models)}): "
+                         "selection takes one model's; give the inputs of one model")
 
 
 def contract_params(cfg: PivotConfig) -> dict:

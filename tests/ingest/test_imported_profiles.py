@@ -269,6 +269,22 @@ def test_a_bad_row_is_quarantined_by_the_run_and_the_good_one_imported(tmp_path,
     assert meta["quarantined_rows"] == 1
 
 
+def test_rows_profiled_by_two_models_are_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    rows = tmp_path / "pivots.jsonl"
+    other = {k: v for k, v in NVIDIA_ROW.items() if k != "qwen_235b_info"}
+    other = {**other, "llama_70b_info": NVIDIA_ROW["qwen_235b_info"],
+             "expected_action": {**NVIDIA_ROW["expected_action"], "name": "find"}}
+    rows.write_text(json.dumps(NVIDIA_ROW) + "\n" + json.dumps(other) + "\n")
+    (tmp_path / "pivot.yaml").write_text(f"warehouse: ./wh\ninputs: [{{path: {rows}}}]\n"
+                                         "pivots: {profile_source: imported}\n")
+    monkeypatch.chdir(tmp_path)
+    assert pivot(["run", "--select", "*pivots_adv"]) == 1
+    error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert error == [("error: run failed: pivot_sets: ValueError: imported_profiles holds the profiles of 2 models "
+                      "(imported:llama_70b, imported:qwen_235b): selection takes one model's; give the inputs of one "
+                      "model")], error
+
+
 def test_an_unprofiled_row_has_no_profile():
     assert row_profile({k: v for k, v in NVIDIA_ROW.items() if not k.startswith(("pass_rate", "qwen"))}) is None
     assert row_profile({**NVIDIA_ROW, "pass_rate": None, "pass_rate_total": None, "pass_rate_passed": None,
