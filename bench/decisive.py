@@ -95,6 +95,7 @@ def read_raw(config: Path) -> tuple[dict, dict]:
     section["sft_sweep"] = {**SFT_SWEEP_DEFAULTS, **(section.get("sft_sweep") or {})}
     section.setdefault("ood", False)  # true: every model of the run also answers the OOD probe (ood_<model>_d<draw>)
     section.setdefault("pinned", True)  # phase (a) in PINNED_ENV
+    section.setdefault("table", None)  # a companion config whose units join this run's in the paper's table
     if section["learning_rate"] not in (None, SWEEP):
         raw.setdefault("training", {})["learning_rate"] = float(section["learning_rate"])
     return raw, section
@@ -805,16 +806,55 @@ def load_units(data: Path, arms: list[str], seeds: list[int]):
             pl.concat(evals, how="diagonal_relaxed") if evals else None, missing)
 
 
-def report_numbers(data: Path, arms: list[str], seeds: list[int], bootstrap: int, primary: str = "profiled") -> dict:
+def arm_pairs(arms: list[str]) -> tuple[tuple[str, str], ...]:
+    """The pairs a run reports: its first arm (grpo_adv) against each other arm."""
+    return tuple((arms[0], b) for b in arms[1:])
+
+
+def load_ood(data: Path, models: list[str], seeds: list[int]) -> dict[tuple[str, int], list[float]]:
+    """{(model, draw): 0/1 per probe item, in item order} for the OOD unit files present."""
+    import polars as pl
+
+    return {(m, d): pl.read_parquet(data / ood_name(m, d)).sort("item")["reward"].to_list()
+            for m in models for d in seeds if (data / ood_name(m, d)).is_file()}
+
+
+def ood_numbers(cfg, ood: dict, arms: list[str], seeds: list[int], pairs) -> tuple[list[dict], list[dict]]:
+    """OOD rows (each model pooled over its draws, delta vs the reference) and pairs, through compare / pair_rows on
+    the probe items (greedy: one answer per item and model)."""
+    from pivot_assets.evaluation.heldout import Policy, compare, pair_rows
+
+    ref_draws = tuple(d for d in seeds if (REFERENCE, d) in ood)
+    if not ref_draws:
+        return [], []
+    policies = [(Policy(REFERENCE, "", None, None, ref_draws),
+                 {"turns": {}, "ood": ood[(REFERENCE, ref_draws[0])],
+                  "ood_by_draw": {d: ood[(REFERENCE, d)] for d in ref_draws}, "seconds": 0.0})]
+    pooled = {}
+    for arm in arms:
+        for d in (d for d in ref_draws if (arm, d) in ood):
+            policies.append((Policy(f"{arm}/s{d}", "", arm, d, (d,)), {"turns": {}, "ood": ood[(arm, d)],
+                                                                        "seconds": 0.0}))
+            pooled.setdefault(arm, []).append(f"{arm}/s{d}")
+    rows = [r for r in compare(cfg, policies, {}, "units", reference=REFERENCE, pooled=pooled) if r["eval_set"] == "ood"]
+    pair = [p for p in pair_rows(cfg, policies, {}, "units", pooled, pairs, {}) if p["eval_set"] == "ood"]
+    return rows, pair
+
+
+def report_numbers(data: Path, arms: list[str], seeds: list[int], bootstrap: int, primary: str = "profiled",
+                   ood_expected: bool = False) -> dict:
     """Accuracy with intervals (reference, each arm pooled over its seeds), paired deltas against the reference and
-    adv - cand, from the eval unit files through the project's compare / pair_rows (hierarchical bootstrap)."""
+    between the run's pairs (arm_pairs), from the eval unit files through the project's compare / pair_rows
+    (hierarchical bootstrap); the same on the OOD probe where its unit files exist; each pair's per-seed, per-item
+    differences on the primary set (diffs: what pair_components reads)."""
     import polars as pl
 
     from pivot_assets.evaluation.heldout import Policy, _matrix, compare, pair_rows
 
     train, ev, missing = load_units(data, arms, seeds)
     if ev is None:
-        return {"missing": missing, "rows": [], "pairs": [], "train": train, "eval": None}
+        return {"missing": missing, "rows": [], "pairs": [], "train": train, "eval": None, "diffs": {},
+                "ood_missing": [ood_name(m, d) for m in (REFERENCE, *arms) for d in seeds] if ood_expected else []}
     per_turn = ev.group_by("model", "draw", "turn_id").agg(pl.col("reward").mean().alias("score"),
                                                            pl.col("conversation_id").first())
     groups = dict(per_turn.select("turn_id", "conversation_id").unique().iter_rows())
@@ -845,16 +885,170 @@ def report_numbers(data: Path, arms: list[str], seeds: list[int], bootstrap: int
     cfg = load_report_cfg(bootstrap)
     rows = [r for r in compare(cfg, policies, sets, "units", reference=REFERENCE, pooled=pooled, groups=groups)
             if r["eval_set"] != "ood"]
-    pairs = [p for p in pair_rows(cfg, policies, sets, "units", pooled, (("grpo_adv", "grpo_cand"),), groups, primary)
+    pairs = [p for p in pair_rows(cfg, policies, sets, "units", pooled, arm_pairs(arms), groups, primary)
              if p["eval_set"] != "ood"]
-    per_seed = []
-    for d in seeds:
-        if ("grpo_adv", d) in scores and ("grpo_cand", d) in scores:
-            a = _matrix({"turns": {d: scores[("grpo_adv", d)]}}, common, (d,))[0]
-            c = _matrix({"turns": {d: scores[("grpo_cand", d)]}}, common, (d,))[0]
-            per_seed.append({"seed": d, "delta": sum(x - y for x, y in zip(a, c)) / len(common)})
+    diffs: dict[tuple[str, str], dict[int, list[float]]] = {}
+    for a, b in arm_pairs(arms):
+        for d in seeds:
+            if (a, d) in scores and (b, d) in scores:
+                xa = _matrix({"turns": {d: scores[(a, d)]}}, common, (d,))[0]
+                xb = _matrix({"turns": {d: scores[(b, d)]}}, common, (d,))[0]
+                diffs.setdefault((a, b), {})[d] = [x - y for x, y in zip(xa, xb)]
+    first = diffs.get(arm_pairs(arms)[0], {}) if len(arms) > 1 else {}
+    per_seed = [{"seed": d, "delta": sum(v) / len(common)} for d, v in first.items()]
+    ood = load_ood(data, [REFERENCE, *arms], seeds)
+    ood_rows, ood_pairs = ood_numbers(cfg, ood, arms, seeds, arm_pairs(arms))
+    ood_missing = [ood_name(m, d) for m in (REFERENCE, *arms) for d in seeds
+                   if (ood or ood_expected) and (m, d) not in ood]
     return {"missing": missing, "rows": rows, "pairs": pairs, "train": train, "eval": ev, "sets": sets,
-            "per_seed": per_seed, "n_turns": len(common), "n_conversations": len({groups[t] for t in common})}
+            "per_seed": per_seed, "n_turns": len(common), "n_conversations": len({groups[t] for t in common}),
+            "diffs": diffs, "ood_rows": ood_rows, "ood_pairs": ood_pairs, "ood_missing": ood_missing,
+            "n_ood": len(next(iter(ood.values()))) if ood else 0}
+
+
+# -- the paper's table (this run's units and a companion run's, each pair within one block) -------------------------
+# The paper's tau2-bench ablation (accuracy, %) and its OOD change (points vs its base model), beside each row
+PAPER = {"grpo_adv": ("63.81", "+0.21"), "grpo_cand": ("59.68", ""), "sft_same_data": ("58.44", "-9.83"),
+         "grpo_adv_exact": ("57.34", "")}
+TABLE_ROWS = (REFERENCE, "grpo_adv", "grpo_cand", "sft_same_data", "grpo_adv_exact")
+Z95 = 1.96
+
+
+def pair_components(diffs: dict[int, list[float]]) -> dict | None:
+    """The variance of a paired difference from its per-seed, per-item differences (bench/decisive_design.py's
+    table design reads the same): w (item variance within a seed), sd2 (its part common to the seeds), the seed SD
+    of the per-seed means and tau2 (their variance less their item noise); None below 2 seeds."""
+    import statistics
+
+    seeds = sorted(diffs)
+    if len(seeds) < 2:
+        return None
+    n_items = len(diffs[seeds[0]])
+    means = [statistics.fmean(diffs[s]) for s in seeds]
+    w = statistics.fmean(statistics.variance(diffs[s]) for s in seeds)
+    averaged = statistics.variance([statistics.fmean(diffs[s][i] for s in seeds) for i in range(n_items)])
+    sd2 = max(0.0, (len(seeds) * averaged - w) / (len(seeds) - 1))
+    s_seed = statistics.stdev(means)
+    return {"w": w, "sd2": sd2, "I": n_items, "s_seed": s_seed, "tau2": max(0.0, s_seed ** 2 - w / n_items),
+            "seed_means": means}
+
+
+def pair_half_width(c: dict, n_seeds: int, tau2: float) -> float:
+    """1.96 sqrt(V), V = (sd2 + (w - sd2) / S) / I + tau2 / S: a paired difference pooled over S seeds."""
+    return Z95 * ((c["sd2"] + (c["w"] - c["sd2"]) / n_seeds) / c["I"] + tau2 / n_seeds) ** 0.5
+
+
+def seeds_to_decide(c: dict, delta: float, most: int = 100) -> int | None:
+    """The fewest seeds whose expected half-width (measured variance) is below |delta|; None: not within `most`."""
+    return next((n for n in range(1, most + 1) if pair_half_width(c, n, c["tau2"]) < abs(delta)), None)
+
+
+def verdict_words(p: dict | None, c: dict | None) -> str:
+    """better / worse / not decided at this size (with the seeds the measured variance asks for)."""
+    from pivot_assets.evaluation.heldout import fmt_interval
+
+    if p is None or p["delta_low"] is None:
+        return "not run yet"
+    text = fmt_interval(p, "delta")
+    if p["delta_low"] > 0:
+        return f"better, {text} excludes 0"
+    if p["delta_high"] < 0:
+        return f"worse, {text} excludes 0"
+    need = seeds_to_decide(c, p["delta"]) if c else None
+    more = ("" if c is None else f"; at this difference the measured variance asks for {need} seeds"
+            if need else "; no seed count within 100 decides a difference this small")
+    return f"not decided at this size, {text} contains 0{more}"
+
+
+def ood_lines(nums: dict) -> list[str]:
+    """The OOD probe's rows and pairs of one run (where its units exist)."""
+    from pivot_assets.evaluation.heldout import fmt_interval
+
+    if not nums.get("ood_rows"):
+        return []
+    pooled = {r["policy"] for r in nums["ood_rows"] if r["seed"] is None}
+    lines = ["", f"### Out of domain (the OOD probe: {nums['n_ood']} items, greedy)", "",
+             "| policy | draws | accuracy [95% CI] | Δ vs reference [95% CI] |", "|---|---|---|---|"]
+    lines += [f"| {r['policy']} | {r['n_seeds']} | {fmt_interval(r)} | "
+              f"{'' if r['policy'] == REFERENCE else fmt_interval(r, 'delta')} |"
+              for r in nums["ood_rows"] if r["seed"] is None or r["arm"] not in pooled]
+    lines += [f"| {p['arm_a']} − {p['arm_b']} (ood) | {p['n_seeds']} | | {fmt_interval(p, 'delta')} |"
+              for p in nums["ood_pairs"]]
+    if nums["ood_missing"]:
+        lines += ["", f"OOD units missing: {', '.join(nums['ood_missing'])}."]
+    return lines
+
+
+def _best_row(rows: list[dict], model: str, eval_set: str) -> dict | None:
+    """A model's pooled row on a set where it has one, else its single seed's."""
+    mine = [r for r in rows if r["eval_set"] == eval_set and (r["policy"] == model or r["arm"] == model)]
+    return next((r for r in mine if r["seed"] is None), mine[0] if mine else None)
+
+
+def paper_table_lines(first: dict, table_config: Path, bootstrap: int, primary: str) -> list[str]:
+    """The paper's layout: rows reference, grpo_adv, grpo_cand, sft_same_data, grpo_adv_exact, each from the block
+    that ran it (this run's units, then the companion config's), held-out and OOD accuracy with intervals and deltas
+    vs that block's reference, the paper's numbers beside; then the pairs (each within one block) and a verdict
+    line per pair."""
+    from pivot_assets.evaluation.heldout import fmt_interval
+
+    raw2, section2 = read_raw(table_config)
+    data2 = repo_path(section2["data"])
+    arms2, seeds2 = list(raw2["ablation"]["arms"]), [int(x) for x in raw2["ablation"]["seeds"]]
+    second = report_numbers(data2, arms2, seeds2, bootstrap, primary, bool(section2["ood"]))
+    blocks = [(first, "first run"), (second, "table run")]
+    lines = ["", "## The paper's table", "",
+             f"Rows as in the paper's ablation; each from the run that trained it: the first run "
+             f"(`{section2['data'].rsplit('/', 1)[0]}/`, grpo_adv and grpo_cand) and the table run "
+             f"(`{section2['data']}/`, grpo_adv again, sft_same_data, grpo_adv_exact, and the OOD probe). Deltas are "
+             "against the reference of the same block; pairs never cross blocks. Paper: tau2-bench accuracy (%) "
+             "and its OOD change (points vs the base model).", "",
+             "| row | run | seeds | held-out accuracy [95% CI] | Δ vs reference | OOD accuracy [95% CI] | OOD Δ vs "
+             "reference | paper | paper OOD Δ |", "|---|---|---|---|---|---|---|---|---|"]
+    for model in TABLE_ROWS:
+        for nums, run in blocks:
+            r = _best_row(nums["rows"], model, primary)
+            o = _best_row(nums.get("ood_rows") or [], model, "ood")
+            if r is None and o is None:
+                continue
+            paper, paper_ood = PAPER.get(model, ("", ""))
+            ref = model == REFERENCE
+            lines.append(f"| {model} | {run} | {(r or o)['n_seeds']} | {fmt_interval(r) if r else ''} | "
+                         f"{'' if ref or r is None else fmt_interval(r, 'delta')} | {fmt_interval(o) if o else ''} | "
+                         f"{'' if ref or o is None else fmt_interval(o, 'delta')} | {paper} | {paper_ood} |")
+    lines += ["", "| pair | run | held-out Δ [95% CI] | OOD Δ [95% CI] |", "|---|---|---|---|"]
+    verdicts = []
+    for nums, run in blocks:
+        for pair in dict.fromkeys((p["arm_a"], p["arm_b"]) for p in nums["pairs"]):
+            held = next((p for p in nums["pairs"] if (p["arm_a"], p["arm_b"]) == pair and p["eval_set"] == primary),
+                        None)
+            ood = next((p for p in nums.get("ood_pairs") or [] if (p["arm_a"], p["arm_b"]) == pair), None)
+            lines.append(f"| {pair[0]} − {pair[1]} | {run} | {fmt_interval(held, 'delta') if held else ''} | "
+                         f"{fmt_interval(ood, 'delta') if ood else ''} |")
+            c = pair_components(nums["diffs"].get(pair, {}))
+            words = f"held-out: {verdict_words(held, c)}"
+            words += f"; OOD: {verdict_words(ood, None)}" if ood else ""
+            verdicts.append(f"**Verdict (grpo_adv - {pair[1]}):** {words}.")
+    for arm in ("grpo_adv_exact", "sft_same_data"):
+        if not any(v.startswith(f"**Verdict (grpo_adv - {arm}):**") for v in verdicts):
+            verdicts.append(f"**Verdict (grpo_adv - {arm}):** not run yet (its units: `{section2['data']}/`).")
+    lines += ["", "Caveats stated with the table:", "",
+              "- Learning rate: both GRPO arms of both runs train at 1e-5, the choice of the first run's sweep, which "
+              "trained D_adv only, on an earlier bf16 phase (a) (D_adv's pool 75 turns, not 76), and the 2 passes were "
+              "not re-derived on the float32 blocks. A rate tuned on grpo_adv's own arm can only favour grpo_adv in "
+              "its pairs with grpo_cand and grpo_adv_exact (their best rate may differ); sft_same_data's rate comes "
+              "from its own sweep on the table run's block (`sweep_*_sft_*` units).",
+              "- Resumed runs: in the first run, seeds 1 and 2 resumed from checkpoints (their steps before the resume "
+              "carry no `seconds`; bench/data/decisive_bfcl/README.md); a GRPO run cut after step n and resumed "
+              "equals an uninterrupted one on the tiny policy (tests/training/test_grpo_resume.py: loss and reward "
+              "per step and the weights within 1e-6).",
+              "- Blocks: the table run's phase (a) is pinned (PINNED_ENV) on another CPU than the first run's "
+              "unpinned one, so its grpo_adv is a second measurement, not a copy; each block's prepare.json names "
+              "its CPU and block."]
+    missing = second["missing"] + second.get("ood_missing", [])
+    lines += ["", *[x for v in verdicts for x in (v, "")]][:-1] if verdicts else []
+    lines += ["", f"Table run: {len(missing)} unit file(s) missing." if missing else "Table run: every unit present."]
+    return lines
 
 
 def load_report_cfg(bootstrap: int):
@@ -927,13 +1121,15 @@ def report(config: Path, data: Path, out: Path | None, png: Path | None) -> str:
     if pair is not None:
         lines += ["", "### The paired difference", "", "| pair | seeds | Δ [95% CI] | excludes 0 |", "|---|---|---|---|"]
         for p in nums["pairs"]:
-            lines.append(f"| grpo_adv − grpo_cand ({p['eval_set']}{', primary' if p['primary'] else ''}, n {p['n']}) | "
+            lines.append(f"| {p['arm_a']} − {p['arm_b']} ({p['eval_set']}{', primary' if p['primary'] else ''}, n {p['n']}) | "
                          f"{p['n_seeds']} | {fmt_interval(p, 'delta')} | {p['excludes_zero']} |")
         if nums["per_seed"]:
             lines += ["", "Per seed (point estimates, primary set): " + ", ".join(
                 f"s{r['seed']} {r['delta']:+.3f}" for r in nums["per_seed"]) + "."]
         hw = None if pair["delta_low"] is None else (pair["delta_high"] - pair["delta_low"]) / 2
-        if pair["delta_low"] is None:
+        if (pair["arm_a"], pair["arm_b"]) != ("grpo_adv", "grpo_cand"):
+            verdict = None  # the table's pairs: their verdicts are in the paper's table (bench/RESULTS_decisive_bfcl.md)
+        elif pair["delta_low"] is None:
             verdict = "no verdict: the pair has no interval"
         elif pair["delta_low"] > 0:
             verdict = f"GRPO on D_adv is better than GRPO on D_cand: {fmt_interval(pair, 'delta')} excludes 0"
@@ -944,8 +1140,9 @@ def report(config: Path, data: Path, out: Path | None, png: Path | None) -> str:
                        f"(half-width {hw:.3f}) contains 0")
         done = len(nums["per_seed"])
         label = "Verdict" if not nums["missing"] else f"Interim, {done} of {len(seeds)} seeds (not the verdict)"
-        lines += ["", f"**{label}: {verdict}.** (Designed half-width: {half}; measured: "
-                  f"{'n/a' if hw is None else f'{hw:.3f}'}.)"]
+        lines += [] if verdict is None else ["", f"**{label}: {verdict}.** (Designed half-width: {half}; measured: "
+                                             f"{'n/a' if hw is None else f'{hw:.3f}'}.)"]
+    lines += ood_lines(nums)
     if train is not None:
         runs = train.group_by("arm", "seed").agg(pl.col("pool").first(), pl.col("steps_total").first(),
                                                  pl.col("turns_trained").first(), pl.col("useful_share").first(),
@@ -994,6 +1191,8 @@ def report(config: Path, data: Path, out: Path | None, png: Path | None) -> str:
         e = ev.with_columns(where(ev)).group_by("model", "draw").agg(pl.col("seconds").first(), pl.col("where").first())
         lines.append(f"| (c) evaluation | {e.height} | {e['seconds'].sum():.0f} | {'; '.join(sorted(set(e['where'])))} |")
     lines += seed_lines(train, ev, seeds, prep)
+    if section.get("table"):
+        lines += paper_table_lines(nums, repo_path(section["table"]), bootstrap, primary)
     lines.append("")
     text = "\n".join(lines)
     if out is not None and (data / sweep_eval_name(REFERENCE)).is_file():

@@ -66,3 +66,19 @@ def test_the_report_names_each_seeds_block_and_machine(decisive):
     lines = decisive.seed_lines(train, ev, [0, 1, 2], prep)
     assert lines[-3:] == ["| 0 | b0 | EPYC, 2 usable cores |", "| 1 | b1 | Xeon, 2 usable cores |",
                           "| 2 | (not run) | |"]
+
+
+def test_a_pair_verdict_says_better_worse_or_the_seeds_the_measured_variance_asks_for(decisive):
+    diffs = {0: [0.25, 0.0, -0.25, 0.5] * 50, 1: [0.0, 0.25, 0.0, 0.25] * 50, 2: [0.25, -0.25, 0.25, 0.0] * 50}
+    c = decisive.pair_components(diffs)
+    assert c["I"] == 200 and c["w"] > c["sd2"] >= 0.0 and c["s_seed"] > 0
+    assert decisive.pair_half_width(c, 12, c["tau2"]) < decisive.pair_half_width(c, 3, c["tau2"])
+    p = {"delta": 0.06, "delta_low": -0.01, "delta_high": 0.13}
+    need = decisive.seeds_to_decide(c, p["delta"])
+    assert need is not None and decisive.pair_half_width(c, need, c["tau2"]) < 0.06
+    assert need == 1 or decisive.pair_half_width(c, need - 1, c["tau2"]) >= 0.06  # the fewest
+    assert decisive.verdict_words(p, c).endswith(f"the measured variance asks for {need} seeds")
+    assert decisive.verdict_words({**p, "delta_low": 0.01}, c).startswith("better")
+    assert decisive.verdict_words({"delta": -0.06, "delta_low": -0.1, "delta_high": -0.02}, c).startswith("worse")
+    assert decisive.verdict_words(None, None) == "not run yet"
+    assert decisive.pair_components({0: diffs[0]}) is None  # one seed: no seed variance
