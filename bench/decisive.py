@@ -96,6 +96,7 @@ def read_raw(config: Path) -> tuple[dict, dict]:
     section.setdefault("ood", False)  # true: every model of the run also answers the OOD probe (ood_<model>_d<draw>)
     section.setdefault("pinned", True)  # phase (a) in PINNED_ENV
     section.setdefault("table", None)  # a companion config whose units join this run's in the paper's table
+    section.setdefault("paper_table", bool(section["table"]))  # the paper's table from this run (and `table`'s)
     if section["learning_rate"] not in (None, SWEEP):
         raw.setdefault("training", {})["learning_rate"] = float(section["learning_rate"])
     return raw, section
@@ -985,24 +986,28 @@ def _best_row(rows: list[dict], model: str, eval_set: str) -> dict | None:
     return next((r for r in mine if r["seed"] is None), mine[0] if mine else None)
 
 
-def paper_table_lines(first: dict, table_config: Path, bootstrap: int, primary: str) -> list[str]:
+def paper_table_lines(first: dict, table_config: Path | None, bootstrap: int, primary: str) -> list[str]:
     """The paper's layout: rows reference, grpo_adv, grpo_cand, sft_same_data, grpo_adv_exact, each from the block
     that ran it (this run's units, then the companion config's), held-out and OOD accuracy with intervals and deltas
     vs that block's reference, the paper's numbers beside; then the pairs (each within one block) and a verdict
     line per pair."""
     from pivot_assets.evaluation.heldout import fmt_interval
 
-    raw2, section2 = read_raw(table_config)
-    data2 = repo_path(section2["data"])
-    arms2, seeds2 = list(raw2["ablation"]["arms"]), [int(x) for x in raw2["ablation"]["seeds"]]
-    second = report_numbers(data2, arms2, seeds2, bootstrap, primary, bool(section2["ood"]))
-    blocks = [(first, "first run"), (second, "table run")]
+    if table_config is None:  # every arm in this run (bench/gpu/decisive.sh)
+        second, section2, blocks = None, {"data": "(this run)"}, [(first, "this run")]
+        intro = "Rows as in the paper's ablation, every arm from this run's one block."
+    else:
+        raw2, section2 = read_raw(table_config)
+        data2 = repo_path(section2["data"])
+        arms2, seeds2 = list(raw2["ablation"]["arms"]), [int(x) for x in raw2["ablation"]["seeds"]]
+        second = report_numbers(data2, arms2, seeds2, bootstrap, primary, bool(section2["ood"]))
+        blocks = [(first, "first run"), (second, "table run")]
+        intro = (f"Rows as in the paper's ablation; each from the run that trained it: the first run "
+                 f"(`{section2['data'].rsplit('/', 1)[0]}/`, grpo_adv and grpo_cand) and the table run "
+                 f"(`{section2['data']}/`, grpo_adv again, sft_same_data, grpo_adv_exact, and the OOD probe).")
     lines = ["", "## The paper's table", "",
-             f"Rows as in the paper's ablation; each from the run that trained it: the first run "
-             f"(`{section2['data'].rsplit('/', 1)[0]}/`, grpo_adv and grpo_cand) and the table run "
-             f"(`{section2['data']}/`, grpo_adv again, sft_same_data, grpo_adv_exact, and the OOD probe). Deltas are "
-             "against the reference of the same block; pairs never cross blocks. Paper: tau2-bench accuracy (%) "
-             "and its OOD change (points vs the base model).", "",
+             f"{intro} Deltas are against the reference of the same block; pairs never cross blocks. Paper: "
+             "tau2-bench accuracy (%) and its OOD change (points vs the base model).", "",
              "| row | run | seeds | held-out accuracy [95% CI] | Δ vs reference | OOD accuracy [95% CI] | OOD Δ vs "
              "reference | paper | paper OOD Δ |", "|---|---|---|---|---|---|---|---|---|"]
     for model in TABLE_ROWS:
@@ -1031,8 +1036,10 @@ def paper_table_lines(first: dict, table_config: Path, bootstrap: int, primary: 
             verdicts.append(f"**Verdict (grpo_adv - {pair[1]}):** {words}.")
     for arm in ("grpo_adv_exact", "sft_same_data"):
         if not any(v.startswith(f"**Verdict (grpo_adv - {arm}):**") for v in verdicts):
-            verdicts.append(f"**Verdict (grpo_adv - {arm}):** not run yet (its units: `{section2['data']}/`).")
-    lines += ["", "Caveats stated with the table:", "",
+            where = f" (its units: `{section2['data']}/`)" if second is not None else ""
+            verdicts.append(f"**Verdict (grpo_adv - {arm}):** not run yet{where}.")
+    lines += ["", *[x for v in verdicts for x in (v, "")]][:-1] if verdicts else []
+    lines += [] if second is None else ["", "Caveats stated with the table:", "",
               "- Learning rate: both GRPO arms of both runs train at 1e-5, the choice of the first run's sweep, which "
               "trained D_adv only, on an earlier bf16 phase (a) (D_adv's pool 75 turns, not 76), and the 2 passes were "
               "not re-derived on the float32 blocks. A rate tuned on grpo_adv's own arm can only favour grpo_adv in "
@@ -1045,9 +1052,9 @@ def paper_table_lines(first: dict, table_config: Path, bootstrap: int, primary: 
               "- Blocks: the table run's phase (a) is pinned (PINNED_ENV) on another CPU than the first run's "
               "unpinned one, so its grpo_adv is a second measurement, not a copy; each block's prepare.json names "
               "its CPU and block."]
-    missing = second["missing"] + second.get("ood_missing", [])
-    lines += ["", *[x for v in verdicts for x in (v, "")]][:-1] if verdicts else []
-    lines += ["", f"Table run: {len(missing)} unit file(s) missing." if missing else "Table run: every unit present."]
+    if second is not None:
+        missing = second["missing"] + second.get("ood_missing", [])
+        lines += ["", f"Table run: {len(missing)} unit file(s) missing." if missing else "Table run: every unit present."]
     return lines
 
 
@@ -1191,7 +1198,7 @@ def report(config: Path, data: Path, out: Path | None, png: Path | None) -> str:
         e = ev.with_columns(where(ev)).group_by("model", "draw").agg(pl.col("seconds").first(), pl.col("where").first())
         lines.append(f"| (c) evaluation | {e.height} | {e['seconds'].sum():.0f} | {'; '.join(sorted(set(e['where'])))} |")
     lines += seed_lines(train, ev, seeds, prep)
-    if section.get("table"):
+    if section["paper_table"]:
         lines += paper_table_lines(nums, repo_path(section["table"]), bootstrap, primary)
     lines.append("")
     text = "\n".join(lines)

@@ -8,7 +8,9 @@
 #   SLICE_S=420 WORK=/tmp/dgpu bench/gpu/decisive.sh
 #
 # On CUDA: the BFCL single-turn design of configs/decisive_bfcl.yaml itself (3 seeds, 199 held-out items x eval_k 4,
-# two passes over D_adv per arm, the CPU sweep's lr 1e-5), derived by bench/gpu/decisive_config.py: profiling and
+# two passes over D_adv per arm, the CPU sweep's lr 1e-5) with all five rows of the paper's table (the reference,
+# grpo_adv, grpo_cand, grpo_adv_exact, sft_same_data with its own rate sweep; every model also on the OOD probe),
+# derived by bench/gpu/decisive_config.py: profiling and
 # evaluation on vLLM, GRPO's completions from the same vLLM engine (training.rollout_engine vllm), the trainer on the
 # GPU. Without CUDA it runs a tiny slice of the same chain
 # on the CPU (the built-in sample, transformers, one seed, a two-rate sweep), which
@@ -45,6 +47,22 @@ mkdir -p "$WORK" "$DATA"
 CONFIG="$WORK/$NAME.yaml"
 if [ "$GPUS" -gt 0 ]; then
   "$PY" "$ROOT/bench/gpu/decisive_config.py" --model "$MODEL" --warehouse "$WORK/warehouse" > "$CONFIG"
+  # the paper's table in one block: the first run's arms and the table run's (configs/decisive_bfcl_table.yaml),
+  # every model on the OOD probe; phase (a) unpinned (deterministic algorithms need cuBLAS settings vLLM does not take)
+  "$PY" - "$CONFIG" "$ROOT/configs/decisive_bfcl_table.yaml" <<'PYEOF'
+import sys
+
+import yaml
+
+path, table_path = sys.argv[1], sys.argv[2]
+cfg, table = yaml.safe_load(open(path)), yaml.safe_load(open(table_path))
+cfg["ablation"]["arms"] = ["grpo_adv", "grpo_cand", "grpo_adv_exact", "sft_same_data"]
+cfg["ablation"]["exact_verifier"] = table["ablation"]["exact_verifier"]
+cfg["decisive"].update(ood=True, sft_sweep=table["decisive"]["sft_sweep"], table=None, paper_table=True, pinned=False)
+with open(path, "w") as f:
+    f.write("# configs/decisive_bfcl.yaml on the GPU (bench/gpu/decisive_config.py), all five rows of the paper's table\n")
+    yaml.safe_dump(cfg, f, sort_keys=False)
+PYEOF
 else
   printf 'warehouse: %s/warehouse\n%s\n' "$WORK" "$BODY" > "$CONFIG"
 fi
