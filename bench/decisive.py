@@ -692,6 +692,27 @@ def sweep_markdown(table: dict, sweep: dict, epochs: float | None = None) -> str
     return "\n".join(lines) + "\n"
 
 
+def sft_sweep_markdown(table: dict, sweep: dict, sft_sweep: dict, epochs: float) -> str:
+    """sft_same_data's sweep: per rate its SFT loss (first and last third of the steps) and its slice accuracy
+    against the reference's, and the choice by the GRPO sweep's rule."""
+    n_items = table["rows"][0]["items"] if table["rows"] else sweep["items"]
+    lines = [SWEEP_MARK.strip() + " (sft_same_data)", "",
+             (f"Before phase (b), on the sweep slice ({n_items} profiled pool turns outside D_adv, never a held-out "
+              f"item; evaluation draw {sweep['seed']}, {sweep['eval_k']} samples each): same-data SFT on D_adv's pool "
+              f"turns at each rate for {sft_sweep.get('epochs') or epochs:g} passes (the run's budget), paired with "
+              f"the reference on the same draw. Rule: the highest slice accuracy; among rates within {sweep['tie']} "
+              "of it, the smallest. sft_same_data trains at the choice; the GRPO arms at the first run's 1e-5."),
+             "", f"Reference on the slice: {table.get('reference', float('nan')):.3f}.", "",
+             "| learning rate | steps | SFT loss, first third | last third | slice accuracy | Δ vs reference (±1.96 se) "
+             "| train s |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['learning_rate']:g} | {r['steps']} | {r['reward_first']:.4f} | {r['reward_last']:.4f} | "
+              f"{r['accuracy']:.3f} | {r['delta']:+.3f} ± {r['delta_hw']:.3f} | {r['train_s']:.0f} |"
+              for r in table["rows"]]
+    lines += ["", (f"**Chosen: {table['chosen']:g}.**" if table["chosen"] is not None
+                   else "**Not chosen yet: sweep units missing.**")]
+    return "\n".join(lines) + "\n"
+
+
 def write_sweep_section(out: Path, text: str) -> None:
     """Put the sweep section between the design head and the results (both kept)."""
     whole = out.read_text() if out.is_file() else ""
@@ -1203,8 +1224,13 @@ def report(config: Path, data: Path, out: Path | None, png: Path | None) -> str:
     lines.append("")
     text = "\n".join(lines)
     if out is not None and (data / sweep_eval_name(REFERENCE)).is_file():
-        write_sweep_section(out, sweep_markdown(sweep_table(data, section["sweep"]), section["sweep"],
-                                                float((raw.get("ablation") or {}).get("epochs", 1))))
+        epochs = float((raw.get("ablation") or {}).get("epochs", 1))
+        if section["sft_sweep"]["learning_rates"]:  # the table run: only same-data SFT's rate is swept
+            write_sweep_section(out, sft_sweep_markdown(sweep_table(data, section["sweep"], SFT_ARM,
+                                                                    section["sft_sweep"]["learning_rates"]),
+                                                        section["sweep"], section["sft_sweep"], epochs))
+        else:
+            write_sweep_section(out, sweep_markdown(sweep_table(data, section["sweep"]), section["sweep"], epochs))
     if out is not None:
         head = out.read_text() if out.is_file() else ""
         head = ("\n" + head).split(RESULTS_MARK, 1)[0].strip("\n")
