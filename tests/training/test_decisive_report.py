@@ -23,7 +23,17 @@ pytestmark = pytest.mark.scenario  # a bootstrap over every committed unit: ~10-
     ("configs/decisive_bfcl_table.yaml", "bench/RESULTS_decisive_bfcl_table.md",
      "bench/RESULTS_decisive_bfcl_table_curves.png"),
 ])
+def _uncommitted_units() -> list[str]:
+    """Unit files under bench/data/decisive_bfcl/ that differ from the commit (a run writing there right now)."""
+    done = subprocess.run(["git", "status", "--porcelain", "--", "bench/data/decisive_bfcl"], cwd=ROOT,
+                          capture_output=True, text=True, check=False)
+    return [line[3:] for line in done.stdout.splitlines()] if done.returncode == 0 else []
+
+
 def test_the_committed_report_rebuilds_from_the_committed_units(tmp_path, config, report, plot):
+    pending = _uncommitted_units()
+    if pending:  # the premise is committed units: a run in progress writes its units here before they are committed
+        pytest.skip(f"unit files not committed yet (a run is writing them): {', '.join(pending[:5])}")
     committed = ROOT / report
     out, png = tmp_path / committed.name, tmp_path / "curves.png"
     shutil.copy(committed, out)  # the design section above the results is kept as it is; the results are rebuilt
