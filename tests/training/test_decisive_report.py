@@ -18,11 +18,6 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.scenario  # a bootstrap over every committed unit: ~10-25 s a report
 
 
-@pytest.mark.parametrize("config,report,plot", [
-    ("configs/decisive_bfcl.yaml", "bench/RESULTS_decisive_bfcl.md", "bench/RESULTS_decisive_bfcl_curves.png"),
-    ("configs/decisive_bfcl_table.yaml", "bench/RESULTS_decisive_bfcl_table.md",
-     "bench/RESULTS_decisive_bfcl_table_curves.png"),
-])
 def _uncommitted_units() -> list[str]:
     """Unit files under bench/data/decisive_bfcl/ that differ from the commit (a run writing there right now)."""
     done = subprocess.run(["git", "status", "--porcelain", "--", "bench/data/decisive_bfcl"], cwd=ROOT,
@@ -30,6 +25,11 @@ def _uncommitted_units() -> list[str]:
     return [line[3:] for line in done.stdout.splitlines()] if done.returncode == 0 else []
 
 
+@pytest.mark.parametrize("config,report,plot", [
+    ("configs/decisive_bfcl.yaml", "bench/RESULTS_decisive_bfcl.md", "bench/RESULTS_decisive_bfcl_curves.png"),
+    ("configs/decisive_bfcl_table.yaml", "bench/RESULTS_decisive_bfcl_table.md",
+     "bench/RESULTS_decisive_bfcl_table_curves.png"),
+])
 def test_the_committed_report_rebuilds_from_the_committed_units(tmp_path, config, report, plot):
     pending = _uncommitted_units()
     if pending:  # the premise is committed units: a run in progress writes its units here before they are committed
