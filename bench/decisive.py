@@ -296,14 +296,22 @@ SUPERSEDED = "superseded"  # <data>/superseded/: units of a seed left incomplete
 
 def block_id(wh, cfg) -> str:
     """What every unit of one seed must share: the reference's weights, the pivot sets and the held-out split
-    (phase (a)'s outputs). Phase (a) on another machine or in another precision gives another block."""
+    (phase (a)'s outputs). Phase (a) on another machine or in another precision gives another block. The pivot
+    sets count by their members (turn ids), not their files' bytes: a later version of the code that writes the same
+    sets with another column keeps the block, so a run resumed in a later checkout keeps its seeds."""
     from pivot_assets.core.identity import fingerprint
     from pivot_assets.core.split import ConversationSplit
     from pivot_assets.training.runs import model_fingerprint, reference_model
 
     return fingerprint({"reference": model_fingerprint(reference_model(wh, cfg), cfg),
-                        "adv": wh.data_version("pivots_adv"), "cand": wh.data_version("pivots_cand"),
+                        "adv": set_members(wh, "pivots_adv"), "cand": set_members(wh, "pivots_cand"),
                         "split": ConversationSplit.from_config(cfg).fingerprint(wh)})[:16]
+
+
+def set_members(wh, table: str) -> str:
+    from pivot_assets.core.identity import fingerprint
+
+    return fingerprint(sorted(wh.read_arrow(table, ["turn_id"]).column("turn_id").to_pylist()))
 
 
 def unit_block(path: Path) -> str | None:
