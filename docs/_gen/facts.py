@@ -66,6 +66,19 @@ def readme_results_table() -> str:
     return "\n".join(lines)
 
 
+def tau2_peer(prefix: str = "") -> str:
+    """`executed_state` against tau2-bench's own database comparison, and its speed (bench/results/verifiers.json)."""
+    f = results("verifiers")["figures"]
+    return (f"**{f['tau2_agreement']} agreement on {f['tau2_cases']} cases of the first {f['tau2_tasks']} tasks per "
+            f"domain ({f['tau2_airline_cases']} airline, {f['tau2_retail_cases']} retail), no false accept**; "
+            f"`tool_call` {f['tau2_tool_call_airline']} / {f['tau2_tool_call_retail']} (it rejects the steps that "
+            f"read before or after they write). On one core `executed_state` scores {f['tau2_tracked_airline']} steps/s on "
+            f"airline and {f['tau2_tracked_retail']} on retail, rows in order, the parse of the domain's `db.json` "
+            f"counted; {f['tau2_shuffled_airline']} and {f['tau2_shuffled_retail']} with the rows shuffled, so that "
+            f"neighbours share no earlier calls. With a whole database per world (tau2's own way, timed in the same "
+            f"run): {f['tau2_whole_airline']} and {f['tau2_whole_retail']} ({link('verifiers', prefix)}).")
+
+
 def demo_cost(prefix: str = "") -> str:
     """What `make demo` took, from bench/results/demo.json."""
     return (f"`make demo` took {figure('demo', 'make_demo_bf16')} with native bf16 and {figure('demo', 'make_demo_fp32')} "

@@ -45,6 +45,7 @@ KIND = "tau2"
 DOMAINS = ("airline", "retail")
 _ABSENT = object()  # a record that does not exist in a state
 _WHOLE = object()  # the key of a database field that is not a table: the field is one record
+_READS_KEPT = 4096  # read outcomes cached per state
 
 
 def context(domain: str, task_id: str | None, initial_state: dict | None) -> dict | None:
@@ -392,6 +393,8 @@ class Tau2(Environment):
                 live.checkout(world.path)
             reads = live.reads(depth)
             if (name, call.key) not in reads:
+                if len(reads) >= _READS_KEPT:  # the fresh state's cache lives as long as the process
+                    reads.clear()
                 message = call.run(live.env)
                 reads[(name, call.key)] = Outcome(message.content, message.content if message.error else None)
             return reads[(name, call.key)]
