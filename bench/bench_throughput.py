@@ -9,7 +9,7 @@ size N of the built-in sample: a project in a temp folder, `pivot run` of each s
 (ingest -> rollouts -> rollout_rewards -> turn_profiles -> pivot sets), the rollouts step served by an instant
 OpenAI-compatible server (aiohttp, its own process on 127.0.0.1, one fixed tool call per choice). Per step: wall
 seconds, samples/s, CPU seconds per sample (the step's process tree; the server's apart) and peak RSS of the
-process tree (sampled every 50 ms). --in-process: the rollouts step again through Profiler.generate with an engine
+process tree (sampled every 50 ms). --in-process: at the first size, the rollouts step again through Profiler.generate with an engine
 on the backend seam that returns at once (no HTTP: the client's cost seen apart). --profile: py-spy (pip install
 py-spy) samples the served rollouts step of the first size; the leaf functions taking most samples are printed.
 Prints markdown tables and writes the figures as JSON.
@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import resource
+import shlex
 import shutil
 import subprocess
 import sys
@@ -356,11 +357,11 @@ def main() -> None:
             spy = args.py_spy if args.profile and n == args.sizes[0] else None
             runs[label].append(chain(root, n, args.k, args.concurrency, workdir, spy))
             print(f"{label} n={n}: {json.dumps(runs[label][-1]['chain'])}", flush=True)
-    inproc = {label: [in_process(root, n, args.k, workdir) for n in args.sizes] for label, root in roots.items()
+    inproc = {label: [in_process(root, n, args.k, workdir) for n in args.sizes[:1]] for label, root in roots.items()
               if args.in_process}
     shutil.rmtree(workdir, ignore_errors=True)
     meta = {"machine": describe_cpu(), "date": started, "python": platform.python_version(),
-            "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+            "command": shlex.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
             "load_average_after": [round(x, 2) for x in os.getloadavg()], "k": args.k, "concurrency": args.concurrency}
     print(json.dumps(meta))
     tables = markdown(runs, inproc)

@@ -135,6 +135,21 @@ def test_suite(prefix: str = "") -> str:
             "by worker and by module).")
 
 
+def box_throughput(prefix: str = "") -> str:
+    """What one box absorbs from an instant served engine, and what that is in GPUs (bench/results/throughput.json)."""
+    t, f = "throughput", results("throughput")["figures"]
+    before = (f" (a baseline checkout measured beside it: {f['rollouts_before']} and {f['chain_before']})"
+              if "rollouts_before" in f else "")
+    in_process = (f"; from an engine in the process (no HTTP), {f['in_process_samples_per_s']} samples/s"
+                  if "in_process_samples_per_s" in f else "")
+    return (f"On the {f['machine']}, from an OpenAI-compatible server that answers at once, at {f['samples']} samples "
+            f"(k 8): the rollouts step absorbs {f['rollouts_samples_per_s']} samples/s and the whole chain, ingest to "
+            f"pivot sets, runs at {f['chain_samples_per_s']} samples/s{before}{in_process}; no step's process tree "
+            f"holds more than {f['peak_rss_mb']} MB. At {f['gpu_samples_per_s']} samples/s per GPU (an H100 with vLLM "
+            f"on a 1-2B policy, ~60-token samples: an assumption, not measured here) one such box keeps "
+            f"{f['gpus_fed']} GPUs fed ({link(t, prefix)}: per step, per size, and where the time goes).")
+
+
 def decisive_steps() -> str:
     return figure("decisive_bfcl", "grpo_steps")
 
