@@ -7,23 +7,12 @@ this test cannot show it)."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
 pytestmark = pytest.mark.scenario  # two phase (a) runs of the tiny policy on the built-in sample: ~1-2 min
-
-
-@pytest.fixture(scope="module")
-def decisive():
-    spec = importlib.util.spec_from_file_location("decisive_runner_pinned", ROOT / "bench" / "decisive.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _config(path: Path, model: Path) -> Path:

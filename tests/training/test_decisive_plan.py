@@ -4,22 +4,11 @@ incomplete seed from another phase (a) block move to superseded/ while a complet
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import polars as pl
-import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
 ARMS, SEEDS = ["grpo_adv", "grpo_cand"], [0, 1]
-
-
-@pytest.fixture(scope="module")
-def decisive():
-    spec = importlib.util.spec_from_file_location("decisive_runner", ROOT / "bench" / "decisive.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _write(path: Path, block: str | None) -> None:
