@@ -244,7 +244,7 @@ class PivotsSection(_Strict):
         "lambda_diff; PivotRL) | band (band[0] < reward mean < band[1]; verl #2791, OpenRLHF "
         "dynamic_filtering_range) | variance_top_p (the highest-variance mixed turns holding top_p of their total "
         "variance; RAGEN-2) | std_min (reward std >= min_std; OpenRLHF #1270, for continuous rewards). Adaptive "
-        "profiling settles turns on lambda_diff, so it takes pivotrl only."))
+        "profiling settles turns on the rule's own bounds (pivotrl, band, std_min); it refuses variance_top_p."))
     lambda_diff: Annotated[float, In(PIVOTS)] = Field(LAMBDA_DIFF, ge=0.0, le=1.0, description=(
         "The adv set keeps mixed turns whose reward mean is at most this (the paper's lambda_diff; rule pivotrl)."))
     band: Annotated[list[Annotated[float, Field(ge=0.0, le=1.0)]], In(PIVOTS)] = Field(
@@ -577,14 +577,13 @@ class PivotConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _adaptive_settles_pivotrl_only(self):
-        rule = self.pivots.rule
-        if not self.profiling.adaptive.enabled or rule == DEFAULT_RULE:
+    def _adaptive_settles_per_turn_rules_only(self):
+        # variance_top_p ranks every turn against the others: no turn's membership is settled by its own samples
+        if not self.profiling.adaptive.enabled or self.pivots.rule != "variance_top_p":
             return self
-        why = ("its membership depends on every turn's variance, so it cannot be settled turn by turn"
-               if rule == "variance_top_p" else "adaptive stopping settles a turn on lambda_diff, not on this rule's bounds")
-        raise ValueError(f"pivots.rule {rule} with profiling.adaptive.enabled: {why}; use rule: pivotrl, or turn "
-                         "adaptive profiling off")
+        raise ValueError("pivots.rule variance_top_p with profiling.adaptive.enabled: its membership depends on every "
+                         "turn's variance, so it cannot be settled turn by turn; use rule pivotrl, band or std_min, "
+                         "or turn adaptive profiling off")
 
     @model_validator(mode="after")
     def _ray_seeds_per_sample(self):

@@ -68,15 +68,16 @@ def values(section: BaseModel, identity: str) -> dict:
 
 
 # -- the config-only identities ---------------------------------------------------------------------
-def adaptive_identity(adaptive: BaseModel | None, lambda_diff: float) -> dict:
-    """What adaptive stopping adds to the identity of the samples and profiles: its settings and lambda_diff
-    (the rule reads it), or nothing when it is off."""
+def adaptive_identity(adaptive: BaseModel | None, rule: dict) -> dict:
+    """What adaptive stopping adds to the identity of the samples and profiles: its settings and the selection
+    rule it settles turns on (`rule`: profiling/adaptive.AdvBounds.identity; pivotrl's is {"lambda_diff": value}),
+    or nothing when it is off."""
     if adaptive is None or not adaptive.enabled:
         return {}
     fields = adaptive.model_dump()
     if fields["scheduler"] == "rounds":  # the rounds' samples do not depend on a wave size (and keep their identity)
         fields = {k: v for k, v in fields.items() if k not in ("scheduler", "wave_samples")}
-    return {"adaptive": {**fields, "lambda_diff": lambda_diff}}
+    return {"adaptive": {**fields, **rule}}
 
 
 def pivots_version(pivots: BaseModel) -> str:

@@ -1,8 +1,10 @@
 """Adaptive profiling (Dagster-free): sample each turn in rounds and stop once its pivot-set membership is settled.
 
 Membership after k samples (curation/selection.py): mixed = the rewards are not all equal (reward_var > 0);
-adv = mixed and reward_mean <= lambda_diff. After n of k samples with reward sum T and D distinct reward values,
-m = k - n samples are still to come, each with a reward in [0, 1], so the final sum lies in [T, T + m]:
+adv = mixed and the reward mean in the region of pivots.rule (AdvBounds: pivotrl below; band and std_min settle
+on their own bounds the same way; variance_top_p has none and core/config refuses it with adaptive profiling).
+Under pivotrl, adv = mixed and reward_mean <= lambda_diff. After n of k samples with reward sum T and D distinct
+reward values, m = k - n samples are still to come, each with a reward in [0, 1], so the final sum lies in [T, T + m]:
 
     mixed  in   once D >= 2 (a variance never returns to 0)           out  only at m = 0 (or k = 1)
     adv    in   once D >= 2 and (T + m) / k <= lambda_diff             out  once T / k > lambda_diff, or when no
@@ -58,19 +60,109 @@ LOGPROB_FLOOR = -60.0  # the likelihood feature is clipped here: below it a samp
 PHI_BOUNDS = (0.05, 1000.0)  # the prior's concentration a + b
 
 
+# -- the adv region: the rule in force as a predicate on a turn's final reward mean -------------------------------
+@dataclass(frozen=True)
+class AdvBounds:
+    """The final reward means the adv set keeps under `rule` (curation/selection.py): pivotrl [0, lambda_diff];
+    band (lo, hi), strict; std_min the means with sqrt(mean * (1 - mean)) >= min_std, the std of 0/1 rewards (a
+    closed band around 0.5). Rewards in [0, 1] never vary more than 0/1 rewards of the same mean, so under std_min
+    a mean outside the band is out for any rewards, and one inside it is in only for 0/1 rewards (`binary_only`)."""
+
+    rule: str
+    lo: float = -math.inf
+    hi: float = math.inf
+    open_ends: bool = False
+    parameter: object = None  # the rule's setting as configured (the rollouts' identity)
+
+    @classmethod
+    def pivotrl(cls, lambda_diff: float) -> AdvBounds:
+        return cls("pivotrl", hi=lambda_diff, parameter=lambda_diff)
+
+    @classmethod
+    def from_pivots(cls, pivots) -> AdvBounds:
+        """The bounds of the rule in force (config pivots:); variance_top_p has none (core/config refuses it)."""
+        if pivots.rule == "pivotrl":
+            return cls.pivotrl(pivots.lambda_diff)
+        if pivots.rule == "band":
+            return cls("band", pivots.band[0], pivots.band[1], open_ends=True, parameter=list(pivots.band))
+        if pivots.rule == "std_min":
+            return cls("std_min", parameter=pivots.min_std)
+        raise ValueError(f"pivots.rule {pivots.rule}: no per-turn bounds to settle a turn on")
+
+    @property
+    def binary_only(self) -> bool:
+        return self.rule == "std_min"
+
+    def contains(self, total, k) -> np.ndarray:
+        """Whether a mixed turn with reward sum `total` over k samples is in the adv set (for 0/1 rewards under
+        std_min). Computed as the profile computes its columns (profiler.profiles_sql): mean total / k, the 0/1
+        variance total * (k - total) / k^2, so a sum on an end of the region is decided as selection decides it."""
+        total, k = np.asarray(total, dtype=float), np.asarray(k, dtype=float)
+        if self.rule == "std_min":
+            return np.sqrt(np.clip(total * (k - total) / (k * k), 0.0, None)) >= self.parameter
+        mean = total / k
+        if self.open_ends:
+            return (self.lo < mean) & (mean < self.hi)
+        return (self.lo <= mean) & (mean <= self.hi)
+
+    def inside(self, low, high, k) -> np.ndarray:
+        """Whether every final sum in [low, high] is in the region (each region is an interval: its ends decide)."""
+        return self.contains(low, k) & self.contains(high, k)
+
+    def outside(self, low, high, k) -> np.ndarray:
+        """Whether no final sum of a mixed turn (strictly between 0 and k) in [low, high] is in the region."""
+        low = np.maximum(np.asarray(low, dtype=float), 0.0)
+        high = np.minimum(np.asarray(high, dtype=float), k)
+        if self.rule == "std_min":  # the variance is largest at the sum in [low, high] nearest k / 2
+            return ~self.contains(np.clip(k / 2, low, high), k) | (high <= 0.0) | (low >= k)
+        low, high = low / k, high / k
+        if self.open_ends:
+            return (high <= self.lo) | (low >= self.hi)
+        lo, hi = max(self.lo, 0.0), min(self.hi, 1.0)
+        # a closed end at 0 or 1 holds only unmixed turns: the mixed means are the open (0, 1)
+        return (high < lo) | (low > hi) | (hi <= 0.0) | (lo >= 1.0)
+
+    def identity(self) -> dict:
+        """What the rule adds to the identity of adaptive samples: pivotrl its lambda_diff (the identity every
+        pivotrl warehouse has), another rule its name and setting."""
+        if self.rule == "pivotrl":
+            return {"lambda_diff": self.parameter}
+        return {"rule": self.rule, "rule_parameter": self.parameter}
+
+
+def rule_bounds(cfg) -> AdvBounds:
+    """The bounds adaptive stopping settles turns on under this config: the rule in force's when adaptive
+    profiling is on (core/config refuses a rule without them), pivotrl's otherwise (nothing reads them then)."""
+    if cfg.profiling.adaptive.enabled:
+        return AdvBounds.from_pivots(cfg.pivots)
+    return AdvBounds.pivotrl(cfg.pivots.lambda_diff)
+
+
+def as_bounds(bounds: AdvBounds | float) -> AdvBounds:
+    """A bare lambda_diff is the pivotrl rule's bounds."""
+    return bounds if isinstance(bounds, AdvBounds) else AdvBounds.pivotrl(float(bounds))
+
+
 # -- the exact rule -----------------------------------------------------------------------------------------
-def exact_settled(n, total, distinct, k: int, lambda_diff: float, sets) -> tuple[np.ndarray, dict]:
+def exact_settled(n, total, distinct, k: int, bounds: AdvBounds | float, sets, binary=None) -> tuple[np.ndarray, dict]:
     """Per turn: is its membership in every one of `sets` (mixed, adv) settled after n samples with reward sum
-    `total` and `distinct` distinct reward values, k in all? Also {set: membership where settled}."""
+    `total` and `distinct` distinct reward values, k in all? Also {set: membership where settled}. `binary`: whether
+    each turn's rewards so far are all 0 or 1 (None: all are); a rule whose region holds only for 0/1 rewards
+    (std_min) settles a turn with another reward at k only."""
+    bounds = as_bounds(bounds)
     n, total, distinct = (np.asarray(x, dtype=float) for x in (n, total, distinct))
     m = k - n
     mixed = distinct >= 2
     done = m <= 0
     mixed_known = mixed | done | (k <= 1)  # one sample has no variance
-    hard_even_if_all_pass = (total + m) / k <= lambda_diff
-    adv_in = mixed & hard_even_if_all_pass
-    never_adv = (total / k > lambda_diff) | (lambda_diff <= 0) | (k <= 1)
-    adv_now = mixed & (total / np.maximum(n, 1) <= lambda_diff)
+    in_even_if = bounds.inside(total, total + m, k)  # in for every completion of the remaining rewards
+    if bounds.binary_only and binary is not None:
+        in_even_if = in_even_if & np.asarray(binary, dtype=bool)
+    adv_in = mixed & in_even_if
+    never_adv = bounds.outside(total, total + m, k) | (k <= 1)
+    if bounds.binary_only and binary is not None:
+        never_adv = never_adv & np.asarray(binary, dtype=bool)
+    adv_now = mixed & bounds.contains(total, np.maximum(n, 1))
     adv_known = adv_in | never_adv | done
     known = {"mixed": mixed_known, "adv": adv_known}
     settled = np.logical_and.reduce([known[s] for s in sets])
@@ -142,15 +234,16 @@ def fit_prior(kind: str, passes, n: int, logprob=None) -> Prior:
 
 
 # -- the posterior rule ----------------------------------------------------------------------------------------
-def flip_probability(n, passes, a, b, k: int, lambda_diff: float, sets) -> np.ndarray:
+def flip_probability(n, passes, a, b, k: int, bounds: AdvBounds | float, sets) -> np.ndarray:
     """P(the membership in `sets` that n samples with `passes` passes give differs from the one at k samples),
     the remaining k - n passes beta-binomial under the Beta(a + passes, b + n - passes) posterior."""
     from scipy.special import betaln, gammaln
 
+    bounds = as_bounds(bounds)
     n, s, a, b = (np.asarray(v, dtype=float) for v in (n, passes, a, b))
     m = np.maximum(k - n, 0)
     mixed_now = (s > 0) & (s < n)
-    now = {"mixed": mixed_now, "adv": mixed_now & (s / np.maximum(n, 1) <= lambda_diff)}
+    now = {"mixed": mixed_now, "adv": mixed_now & bounds.contains(s, np.maximum(n, 1))}
     a_post, b_post = a + s, b + (n - s)
     p_flip = np.zeros(len(n))
     for x in range(int(m.max(initial=0)) + 1):
@@ -159,7 +252,7 @@ def flip_probability(n, passes, a, b, k: int, lambda_diff: float, sets) -> np.nd
                    + betaln(a_post + x, b_post + m - x) - betaln(a_post, b_post))
         final = s + x
         mixed_k = (final > 0) & (final < k)
-        later = {"mixed": mixed_k, "adv": mixed_k & (final / k <= lambda_diff)}
+        later = {"mixed": mixed_k, "adv": mixed_k & bounds.contains(final, k)}
         flips = np.logical_or.reduce([later[name] != now[name] for name in sets])
         p_flip += np.where(possible & flips, np.exp(np.where(possible, log_pmf, 0.0)), 0.0)
     return np.clip(p_flip, 0.0, 1.0)
@@ -175,7 +268,7 @@ class Decisions:
     p_flip: list[float | None]
 
 
-def decide(counts: pa.Table, options, k: int, lambda_diff: float, prior: Prior | None) -> Decisions:
+def decide(counts: pa.Table, options, k: int, bounds: AdvBounds | float, prior: Prior | None) -> Decisions:
     """The rule in force on each turn's counts (profiler.profiles_sql rows). `options`: profiling.adaptive."""
     n = counts.column("k").to_numpy().astype(float)
     col = {c: counts.column(c).to_numpy(zero_copy_only=False) for c in RULE_COLUMNS + ("n_pass",)}
@@ -183,12 +276,13 @@ def decide(counts: pa.Table, options, k: int, lambda_diff: float, prior: Prior |
     if not options.enabled:
         reasons = np.where(at_k, "k_reached", "unsettled")
         return Decisions(at_k, reasons.tolist(), [None] * len(n))
-    exact, _ = exact_settled(n, col["reward_sum"], col["n_reward_values"], k, lambda_diff, options.sets)
+    exact, _ = exact_settled(n, col["reward_sum"], col["n_reward_values"], k, bounds, options.sets,
+                             binary=col["binary_rewards"].astype(bool))
     settled, reasons = at_k | exact, np.where(at_k, "k_reached", np.where(exact, "settled", "unsettled"))
     p_flip: list[float | None] = [None] * len(n)
     if options.rule == "posterior" and prior is not None:
         a, b = prior.beta(counts.column("expert_logprob").to_numpy(zero_copy_only=False))
-        flips = flip_probability(n, col["n_pass"], a, b, k, lambda_diff, options.sets)
+        flips = flip_probability(n, col["n_pass"], a, b, k, bounds, options.sets)
         binary = col["binary_rewards"].astype(bool)
         flips = np.where(settled, 0.0, flips)
         stop = ~settled & binary & (flips < options.epsilon)
@@ -209,17 +303,17 @@ def prior_for(counts: pa.Table, options, round_size: int) -> Prior | None:
                      first.column("expert_logprob").to_pylist())
 
 
-def annotate(counts: pa.Table, options, k: int, lambda_diff: float) -> tuple[pa.Table, Prior | None]:
+def annotate(counts: pa.Table, options, k: int, bounds: AdvBounds | float) -> tuple[pa.Table, Prior | None]:
     """turn_profiles from the profile rows: stop_reason and p_flip added, the rule's helper columns dropped."""
     prior = prior_for(counts, options, min(options.round_size, k))
-    d = decide(counts, options, k, lambda_diff, prior)
+    d = decide(counts, options, k, bounds, prior)
     out = counts.drop_columns(list(RULE_COLUMNS))
     out = out.append_column("stop_reason", pa.array(d.stop_reason, pa.string()))
     return out.append_column("p_flip", pa.array(d.p_flip, pa.float64())), prior
 
 
 # -- rounds ---------------------------------------------------------------------------------------------------
-def next_round(turns: list[str], counts: pa.Table, options, k: int, lambda_diff: float) -> tuple[dict[str, range], Prior | None]:
+def next_round(turns: list[str], counts: pa.Table, options, k: int, bounds: AdvBounds | float) -> tuple[dict[str, range], Prior | None]:
     """{turn: the sample indices of its next round} (empty when every turn is settled) and the prior in force.
 
     First, every turn without its first round gets it (and nothing is decided: the prior needs every first round);
@@ -230,7 +324,7 @@ def next_round(turns: list[str], counts: pa.Table, options, k: int, lambda_diff:
     if first:
         return first, None
     prior = prior_for(counts, options, r)
-    d = decide(counts, options, k, lambda_diff, prior)
+    d = decide(counts, options, k, bounds, prior)
     wanted = set(turns)
     todo = {}
     for turn, n, settled in zip(counts.column("turn_id").to_pylist(), counts.column("k").to_pylist(), d.settled):
@@ -239,22 +333,22 @@ def next_round(turns: list[str], counts: pa.Table, options, k: int, lambda_diff:
     return todo, prior
 
 
-def simulate(rewards: dict[str, list[float]], options, k: int, lambda_diff: float,
+def simulate(rewards: dict[str, list[float]], options, k: int, bounds: AdvBounds | float,
              logprob: dict[str, float | None] | None = None, calls: list[int] | None = None) -> dict[str, int]:
     """Replay the scheduler of `options` on stored rewards (each turn's rewards in sample order, at least k of
     them): how many samples each turn would get, and in `calls` the samples of each engine call. The pipeline's own
     decisions on the same rewards (bench/bench_adaptive.py)."""
     turns = sorted(rewards)
     if options.scheduler == "stream":
-        return replay_stream(rewards, options, k, lambda_diff, logprob or {}, calls)
+        return replay_stream(rewards, options, k, bounds, logprob or {}, calls)
     have: dict[str, int] = {}
     while True:
         counts = counts_table({t: rewards[t][: have[t]] for t in have}, options.round_size, logprob or {})
         if options.scheduler == "waves":
-            todo = next_wave(turns, counts, options, k, lambda_diff,
+            todo = next_wave(turns, counts, options, k, bounds,
                              prior_for(counts, options, min(options.round_size, k)))
         else:
-            todo, _ = next_round(turns, counts, options, k, lambda_diff)
+            todo, _ = next_round(turns, counts, options, k, bounds)
         if not todo:
             return have
         if calls is not None:
@@ -281,7 +375,7 @@ def counts_table(rewards: dict[str, list[float]], round_size: int, logprob: dict
 
 
 def run_rounds(turns: list[str], counts: Callable[[], pa.Table], generate: Callable[[dict[str, range]], dict],
-               score: Callable[[list[str]], dict], options, k: int, lambda_diff: float,
+               score: Callable[[list[str]], dict], options, k: int, bounds: AdvBounds | float,
                log: Callable[[str], None] | None = None) -> dict:
     """Score what is unscored, decide, generate the next round; until no turn is open. Engine-agnostic: `generate`
     writes the rows of {turn: sample indices}, `score` scores the turns' unscored samples, `counts` reads the
@@ -290,7 +384,7 @@ def run_rounds(turns: list[str], counts: Callable[[], pa.Table], generate: Calla
     prior = None
     while True:
         stats["rollouts_scored"] += score(turns)["rollouts_scored"]
-        todo, fitted = next_round(turns, counts(), options, k, lambda_diff)
+        todo, fitted = next_round(turns, counts(), options, k, bounds)
         prior = fitted or prior
         if not todo:
             break
@@ -308,7 +402,7 @@ def run_rounds(turns: list[str], counts: Callable[[], pa.Table], generate: Calla
 
 
 # -- waves: the scheduler without a round barrier --------------------------------------------------------------
-def next_wave(order: list[str], counts: pa.Table, options, k: int, lambda_diff: float,
+def next_wave(order: list[str], counts: pa.Table, options, k: int, bounds: AdvBounds | float,
               prior: Prior | None) -> dict[str, range]:
     """{turn: sample indices} for the next engine call: about `options.wave_samples` samples (at least one turn's
     chunk), empty when every turn is settled. First the next chunk (up to the next multiple of round_size) of every
@@ -316,7 +410,7 @@ def next_wave(order: list[str], counts: pa.Table, options, k: int, lambda_diff: 
     (trajectory order: a conversation's turns go together, while their shared prefix is in the engine's cache)."""
     r = min(options.round_size, k)
     have = dict(zip(counts.column("turn_id").to_pylist(), counts.column("k").to_pylist()))
-    settled = dict(zip(counts.column("turn_id").to_pylist(), decide(counts, options, k, lambda_diff, prior).settled))
+    settled = dict(zip(counts.column("turn_id").to_pylist(), decide(counts, options, k, bounds, prior).settled))
     started = [(t, range(have[t], min(k, (have[t] // r + 1) * r))) for t in order
                if have.get(t, 0) >= r and have[t] < k and not settled[t]]
     fresh = [(t, range(have.get(t, 0), r)) for t in order if have.get(t, 0) < r]
@@ -330,7 +424,7 @@ def next_wave(order: list[str], counts: pa.Table, options, k: int, lambda_diff: 
 
 
 def run_waves(order: list[str], counts: Callable[[], pa.Table], generate: Callable[[dict[str, range]], dict],
-              score: Callable[[list[str]], dict], options, k: int, lambda_diff: float,
+              score: Callable[[list[str]], dict], options, k: int, bounds: AdvBounds | float,
               log: Callable[[str], None] | None = None) -> dict:
     """Engine calls of a fixed size instead of rounds: after each call its samples are scored, the rule decides on
     every sampled turn, and the call's freed room goes to the next turns, so no call waits for a round's last turn
@@ -349,7 +443,7 @@ def run_waves(order: list[str], counts: Callable[[], pa.Table], generate: Callab
         if prior is not None and prior.kind != FLAT.kind:
             stats["prior_fits"] += 1
             stats.setdefault("prior_first_fit_turns", prior.turns)
-        todo = next_wave(order, table, options, k, lambda_diff, prior)
+        todo = next_wave(order, table, options, k, bounds, prior)
         if not todo:
             break
         stats["waves"] += 1
@@ -399,8 +493,8 @@ class StreamScheduler:
     rule asked for, in order: a prefix of the exhaustive profile, and under the exact rule the rounds' and the
     waves' samples. The prior is refitted at every decision on the first rounds in so far (as run_waves does)."""
 
-    def __init__(self, order: list[str], counts: pa.Table, options, k: int, lambda_diff: float, capacity: int):
-        self.order, self.options, self.k, self.lambda_diff = order, options, k, lambda_diff
+    def __init__(self, order: list[str], counts: pa.Table, options, k: int, bounds: AdvBounds | float, capacity: int):
+        self.order, self.options, self.k, self.bounds = order, options, k, bounds
         self.position = {t: i for i, t in enumerate(order)}
         self.r, self.capacity = min(options.round_size, k), max(1, capacity)
         self.flush_samples = max(self.r, self.capacity // 4)  # decide in groups: a decision costs a scoring query
@@ -428,7 +522,7 @@ class StreamScheduler:
         if self.prior is not None and self.prior.kind != FLAT.kind:
             self.stats["prior_fits"] += 1
             self.stats.setdefault("prior_first_fit_turns", self.prior.turns)
-        settled = decide(counts, self.options, self.k, self.lambda_diff, self.prior).settled
+        settled = decide(counts, self.options, self.k, self.bounds, self.prior).settled
         active = []
         for turn, n, done in zip(counts.column("turn_id").to_pylist(), counts.column("k").to_pylist(), settled):
             self.have[turn] = n
@@ -518,13 +612,13 @@ class StreamScheduler:
 
 
 def run_stream(order: list[str], counts: Callable[[], pa.Table], open_stream: Callable[[], RequestStream],
-               write: Callable[[list], dict], score: Callable[[list[str]], dict], options, k: int, lambda_diff: float,
+               write: Callable[[list], dict], score: Callable[[list[str]], dict], options, k: int, bounds: AdvBounds | float,
                capacity: int, log: Callable[[str], None] | None = None) -> dict:
     """The stream scheduler (StreamScheduler) over an engine's single requests. `open_stream` starts the engine's
     stream (called only when some turn needs samples), `write` stores samples as one part (and returns its counts),
     `score` scores the turns' unscored samples, `counts` reads the rule's columns."""
     score(order)  # samples written by an earlier, interrupted run
-    plan = StreamScheduler(order, counts(), options, k, lambda_diff, capacity)
+    plan = StreamScheduler(order, counts(), options, k, bounds, capacity)
     stats = {"rollouts_generated": 0, "generated_tokens": 0, "rollouts_scored": 0, "generation_s": 0.0,
              "decide_s": 0.0}  # decide_s: writing, scoring and deciding, while the engine waits
     if not plan.has_work():
@@ -601,7 +695,7 @@ class ReplayEngine:
         return {}
 
 
-def replay_stream(rewards: dict[str, list[float]], options, k: int, lambda_diff: float,
+def replay_stream(rewards: dict[str, list[float]], options, k: int, bounds: AdvBounds | float,
                   logprob: dict[str, float | None], calls: list[int] | None = None) -> dict[str, int]:
     """run_stream on stored rewards: how many samples each turn is written; `calls` gets the requests in flight
     at each engine step."""
@@ -624,5 +718,5 @@ def replay_stream(rewards: dict[str, list[float]], options, k: int, lambda_diff:
             return plain()
         engine.step = counted
     run_stream(sorted(rewards), counts, lambda: engine, write, lambda turns: {"rollouts_scored": 0}, options, k,
-               lambda_diff, options.wave_samples)
+               bounds, options.wave_samples)
     return written

@@ -23,6 +23,7 @@ from pivot_assets.core.warehouse import Warehouse
 from pivot_assets.materialization import number_table, publish, require_only_run_of_shard, reused_figures, timed
 from pivot_assets.verifiers import VerifierSets
 
+from .adaptive import rule_bounds
 from .profiler import SFT_MODEL, Profiler, policy_version, profiles_version
 from .ray_job import ENTRYPOINT as RAY_ENTRYPOINT
 from .ray_job import job_metadata as ray_job_metadata
@@ -54,7 +55,7 @@ def build_assets(cfg: PivotConfig, wh: Warehouse, verifier_sets: VerifierSets) -
     verifiers = verifier_sets.profiling
     policy_deps = ["turns"] + (["sft_policy"] if cfg.policy.model == SFT_MODEL else [])
     partitions = shard_partitions(cfg)
-    rollouts_version = policy_version(cfg.policy, cfg.profiling.seeding, cfg.profiling.adaptive, cfg.pivots.lambda_diff)
+    rollouts_version = policy_version(cfg.policy, cfg.profiling.seeding, cfg.profiling.adaptive, rule_bounds(cfg))
 
     def shard_of_run(context: dg.AssetExecutionContext) -> int | None:
         if partitions is None:

@@ -496,7 +496,7 @@ def policy_precision(policy: "PolicySection") -> Precision:
 
 
 def policy_version(policy: "PolicySection", seeding: str = PER_TURN, adaptive: "AdaptiveSection | None" = None,
-                   lambda_diff: float = LAMBDA_DIFF) -> str:
+                   adv_bounds: "adaptive_rule.AdvBounds | float" = LAMBDA_DIFF) -> str:
     """Code version of `rollouts`: the policy identity with the *resolved* dtype (bf16 and fp32 sample
     slightly different tokens, so moving to a CPU without bf16 must regenerate), per-sample seeding (other draws
     than per-turn seeding) and adaptive stopping (which samples exist: turning it off or tightening it tops up)."""
@@ -510,7 +510,7 @@ def policy_version(policy: "PolicySection", seeding: str = PER_TURN, adaptive: "
     if section.get("max_prompt_tokens") is None:
         section.pop("max_prompt_tokens", None)  # the default guard keeps the versions of warehouses before it
     return fingerprint({**section, "dtype": policy_precision(policy).dtype, **extra,
-                        **adaptive_identity(adaptive, lambda_diff)})
+                        **adaptive_identity(adaptive, adaptive_rule.as_bounds(adv_bounds).identity())})
 
 
 PROFILES_VERSION = "2"  # 2: k per turn (samples below policy.k), stop_reason, p_flip, the expert's likelihood
@@ -519,7 +519,7 @@ PROFILES_VERSION = "2"  # 2: k per turn (samples below policy.k), stop_reason, p
 def profiles_version(cfg: "PivotConfig") -> str:
     """Code version of `turn_profiles`: which samples a profile takes (k) and the rule that says why it stopped."""
     return fingerprint({"version": PROFILES_VERSION, "k": cfg.policy.k,
-                        **adaptive_identity(cfg.profiling.adaptive, cfg.pivots.lambda_diff)})
+                        **adaptive_identity(cfg.profiling.adaptive, adaptive_rule.rule_bounds(cfg).identity())})
 
 
 def sampling_fingerprint(sampling, seeding: str = PER_TURN) -> str:
@@ -569,13 +569,14 @@ class Profiler:
     def __init__(self, wh: Warehouse, policy: "PolicySection", verifiers, threads: int | str = "auto",
                  shard: int | None = None, shards: int = 1, seeding: str = PER_TURN,
                  adaptive: "AdaptiveSection | None" = None, lambda_diff: float = LAMBDA_DIFF,
-                 split: ConversationSplit | None = None):
+                 split: ConversationSplit | None = None, adv_bounds: "adaptive_rule.AdvBounds | None" = None):
         from pivot_assets.core.config import AdaptiveSection
 
         self.wh, self.policy, self.verifiers, self.threads, self.split = wh, policy, verifiers, threads, split
         self.precision = policy_precision(policy)
         self.shard, self.shards, self.seeding = shard, shards, seeding
-        self.adaptive, self.lambda_diff = adaptive or AdaptiveSection(), lambda_diff
+        self.adaptive = adaptive or AdaptiveSection()
+        self.adv_bounds = adv_bounds or adaptive_rule.AdvBounds.pivotrl(lambda_diff)  # what adaptive stopping settles on
         if (shard is None) != (shards == 1):
             raise ValueError(f"a Profiler works on one shard of {shards}, or unsharded (shard None, shards 1)")
         if self.adaptive.enabled and seeding != PER_SAMPLE:
@@ -593,7 +594,7 @@ class Profiler:
             verifiers = VerifierSets.from_config(cfg).profiling
         return cls(wh or Warehouse(cfg.warehouse_dir), cfg.policy, verifiers, cfg.runtime.threads, shard=shard,
                    shards=cfg.scale.shards, seeding=cfg.profiling.seeding, adaptive=cfg.profiling.adaptive,
-                   lambda_diff=cfg.pivots.lambda_diff, split=ConversationSplit.from_config(cfg))
+                   adv_bounds=adaptive_rule.rule_bounds(cfg), split=ConversationSplit.from_config(cfg))
 
     @cached_property
     def sampling(self):
@@ -764,7 +765,7 @@ class Profiler:
 
         stats = adaptive_rule.run_stream(order, self.counts, open_stream, write,
                                          lambda turns: self.score(log=None, turn_ids=turns), self.adaptive,
-                                         self.sampling.k, self.lambda_diff, self.adaptive.wave_samples, log)
+                                         self.sampling.k, self.adv_bounds, self.adaptive.wave_samples, log)
         stats["turns_generated"] = len(generated)
         stats["cache_hits_turns"] = len(self.turns) - len(generated)
         return stats
@@ -803,7 +804,7 @@ class Profiler:
         if self.adaptive.scheduler == "stream":  # config validation keeps it off Ray; this is the other caller
             raise ValueError("profiling.adaptive.scheduler stream needs the engine in this process (adaptive_stream)")
         run = adaptive_rule.run_waves if self.adaptive.scheduler == "waves" else adaptive_rule.run_rounds
-        stats = run(order, self.counts, generate, score, self.adaptive, self.sampling.k, self.lambda_diff, log)
+        stats = run(order, self.counts, generate, score, self.adaptive, self.sampling.k, self.adv_bounds, log)
         stats["turns_generated"] = len(generated)
         stats["cache_hits_turns"] = len(self.turns) - len(generated)
         return stats
@@ -864,7 +865,7 @@ class Profiler:
         """One row per wanted turn under (policy_fp, sampling_fp, verifier_fp): its samples below k, why its
         sampling stopped (stop_reason, p_flip) and its expert action's likelihood."""
         self.check_parts()
-        table, self.prior = adaptive_rule.annotate(self.counts(), self.adaptive, self.sampling.k, self.lambda_diff)
+        table, self.prior = adaptive_rule.annotate(self.counts(), self.adaptive, self.sampling.k, self.adv_bounds)
         return table
 
     def write_profiles(self, table: pa.Table) -> None:
