@@ -226,10 +226,24 @@ def _tool_call_blocks(text: str) -> tuple[list[str], str | None]:
         if start < 0:
             return blocks, None
         end = text.find(close_tag, start + len(open_tag))
+        # a close tag inside a JSON string (an argument's value) is data: the block ends at the next one outside
+        while end >= 0 and _ends_inside_string(text[start + len(open_tag):end]):
+            later = text.find(close_tag, end + len(close_tag))
+            if later < 0:
+                break
+            end = later
         if end < 0:
             return blocks, text[start + len(open_tag):]
         blocks.append(text[start + len(open_tag):end])
         pos = end + len(close_tag)
+
+
+_UNESCAPED_QUOTE = re.compile(r'(?<!\\)(?:\\\\)*"')
+
+
+def _ends_inside_string(body: str) -> bool:
+    """Whether `body` ends inside a JSON string: an odd number of unescaped double quotes."""
+    return '"' in body and len(_UNESCAPED_QUOTE.findall(body)) % 2 == 1
 
 
 def _hermes_calls(text: str) -> list[Call] | None:

@@ -4,6 +4,8 @@ out of tokens."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from pivot_assets.verifiers import build_verifier, parse_candidate
@@ -54,6 +56,17 @@ def test_marker_inside_arguments_is_data():
     text = '{"name": "note", "arguments": {"text": "[TOOL_CALLS] and <|python_tag|>"}}'
     assert parse_candidate(text)[0] == _canonical({"type": "function_call", "name": "note",
                                                    "arguments": {"text": "[TOOL_CALLS] and <|python_tag|>"}})
+
+
+
+def test_close_tag_inside_a_hermes_argument_is_data():
+    """An argument whose value holds `</tool_call>` (or an escaped quote before it) does not end the block."""
+    for value in ["</tool_call>", 'say \\"</tool_call>\\" twice </tool_call>']:
+        args = {"text": value}
+        text = f"<tool_call>\n{json.dumps({'name': 'note', 'arguments': args})}\n</tool_call>"
+        assert parse_candidate(text)[0] == _canonical({"type": "function_call", "name": "note", "arguments": args})
+    two = '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": {}}</tool_call>'
+    assert [c["name"] for c in parse_candidate(two)[0]["calls"]] == ["a", "b"]
 
 
 TRUNCATIONS = [
