@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 DOMAIN = "toy_shop"
@@ -137,10 +138,10 @@ def _task_track(s: _Script, opener: str) -> None:
 TASKS = [_task_status, _task_cancel, _task_search, _task_details, _task_track]
 
 
-def generate_trajectories(n: int = DEFAULT_N, seed: int = 0) -> list[dict]:
-    """`n` synthetic toy-shop trajectories (OpenAI chat records: id, domain, messages, tools, reward)."""
+def iter_trajectories(n: int = DEFAULT_N, seed: int = 0) -> Iterator[dict]:
+    """`n` synthetic toy-shop trajectories (OpenAI chat records: id, domain, messages, tools, reward), one at a
+    time: a large sample is written without holding it."""
     rng = random.Random(seed)
-    records = []
     for i in range(n):
         s = _Script(rng, i)
         tasks = [rng.choice(TASKS)]
@@ -153,16 +154,23 @@ def generate_trajectories(n: int = DEFAULT_N, seed: int = 0) -> list[dict]:
             ask, answer = rng.choice(CLOSINGS)
             s.user(ask)
             s.reply(answer)
-        records.append({"id": f"toy-shop-{seed}-{i:04d}", "domain": DOMAIN, "messages": s.messages,
-                        "tools": SHOP_TOOLS, "reward": 1.0 if rng.random() < 0.8 else 0.0})
-    return records
+        yield {"id": f"toy-shop-{seed}-{i:04d}", "domain": DOMAIN, "messages": s.messages,
+               "tools": SHOP_TOOLS, "reward": 1.0 if rng.random() < 0.8 else 0.0}
+
+
+def generate_trajectories(n: int = DEFAULT_N, seed: int = 0) -> list[dict]:
+    """iter_trajectories(n, seed) as a list."""
+    return list(iter_trajectories(n, seed))
 
 
 def write_sample(path: str | Path, n: int = DEFAULT_N, seed: int = 0) -> Path:
-    """Write generate_trajectories(n, seed) as JSONL to `path` (parents created); returns the path."""
+    """Write iter_trajectories(n, seed) as JSONL to `path` (parents created, written whole or not at all);
+    returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for record in generate_trajectories(n, seed):
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for record in iter_trajectories(n, seed):
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    tmp.replace(path)
     return path

@@ -35,7 +35,7 @@ from pivot_assets.core.catalog import QUARANTINE_SCHEMA, TRAJECTORY_SCHEMA
 from . import files, formats
 from .formats import readers, registry
 
-UNIT_BYTES = 16 << 20  # JSONL bytes per unit: amortizes ~25 ms of fixed cost per unit; a few in flight stay < 1 GB
+UNIT_BYTES = 4 << 20  # JSONL bytes per unit: amortizes ~25 ms of fixed cost per unit; a unit takes ~20x its bytes in a worker
 UNIT_RECORDS = 2048  # records per unit for the row readers (Parquet row groups are merged up to this)
 SQL_FORMATS = ("auto", "openai")  # inputs whose JSONL lines the DuckDB chat adapter may take
 # The formats chat_sql.py knows (it hands back the lines they detect): with another one registered, an auto input's
