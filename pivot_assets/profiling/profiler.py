@@ -122,49 +122,56 @@ def write_likelihoods(wh: Warehouse, likelihoods: list, policy_fp: str, sampling
     wh.append_part("expert_likelihoods", part, shard=shard, key=key)
 
 
+def turn_positions_sql(wh: Warehouse) -> str:
+    """The wanted turns (turn_id, trajectory_id, message_index, trajectory_row: the trajectory's row in its file) in
+    generation order, (trajectory row, message index): a trajectory's turns sit together (their prompts share a
+    prefix) and the trajectories are read once, in file order. Narrow: no message is read."""
+    return f"""
+        select u.turn_id, u.trajectory_id, u.message_index, t.trajectory_row
+        from read_parquet('{wh.table_path('turns')}') u
+        join wanted using (turn_id)
+        join (select trajectory_id, file_row_number as trajectory_row
+              from read_parquet('{wh.table_path('trajectories')}', file_row_number = true)) t using (trajectory_id)
+        order by t.trajectory_row, u.message_index
+    """
+
+
 def turn_order(wh: Warehouse, turn_ids: Iterable[str]) -> list[str]:
-    """The turns in (trajectory, message index) order: consecutive turns share their prompt prefix."""
+    """The turns in generation order (turn_positions_sql)."""
     con = wh.duck()
     _with_wanted(con, turn_ids)
-    rows = con.execute(f"select turn_id from read_parquet('{wh.table_path('turns')}') join wanted using (turn_id) "
-                       "order by trajectory_id, message_index").fetchall()
+    rows = con.execute(f"select turn_id from ({turn_positions_sql(wh)})").fetchall()
     con.close()
     return [r[0] for r in rows]
 
 
 def generation_requests(wh: Warehouse, turn_ids: Iterable[str], experts: Iterable[str] = ()) -> list:
-    """GenerationRequests (state rebuilt from trajectories.messages[:message_index]) in trajectory order,
-    so a trajectory's turns sit together and the backend can reuse their shared prefix. The turns in `experts`
-    also carry their expert message (messages[message_index]), for its likelihood."""
+    """GenerationRequests (state rebuilt from trajectories.messages[:message_index]) in generation order
+    (turn_positions_sql), so a trajectory's turns sit together and the backend can reuse their shared prefix. The
+    turns in `experts` also carry their expert message (messages[message_index]), for its likelihood."""
     return list(generation_request_stream(wh, turn_ids, experts))
 
 
-REQUEST_BATCH = 512  # trajectory rows in memory at a time while requests are streamed
-
-
 def generation_request_stream(wh: Warehouse, turn_ids: Iterable[str], experts: Iterable[str] = ()) -> Iterator:
-    """generation_requests as a stream: one query, REQUEST_BATCH joined rows in memory at a time."""
+    """generation_requests as a stream: the turns' positions (narrow, in generation order) merged with the
+    trajectories read in file order, TRAJECTORY_BATCH rows in memory at a time (a join sorted in DuckDB would hold
+    every turn's whole trajectory)."""
     experts = set(experts)
     from pivot_assets.policies.base import GenerationRequest
 
     con = wh.duck()
     _with_wanted(con, turn_ids)
-    reader = con.execute(
-        f"""
-        select u.turn_id, u.trajectory_id, u.message_index, t.messages, t.tools
-        from read_parquet('{wh.table_path('turns')}') u
-        join wanted using (turn_id)
-        join read_parquet('{wh.table_path('trajectories')}') t using (trajectory_id)
-        order by u.trajectory_id, u.message_index
-        """
-    ).fetch_record_batch(REQUEST_BATCH)
+    positions = _rows(con.execute(turn_positions_sql(wh)).fetch_record_batch(65_536))
+    trajectories = enumerate(_trajectories_in_file_order(wh))
+    row, trajectory = -1, None
     try:
-        for batch in reader:
-            for row in batch.to_pylist():
-                messages, idx = row["messages"], row["message_index"]
-                yield GenerationRequest(turn_id=row["turn_id"], trajectory_id=row["trajectory_id"], message_index=idx,
-                                        messages=list(messages[:idx]), tools=json.loads(row["tools"] or "[]"),
-                                        expert=messages[idx] if row["turn_id"] in experts else None)
+        for turn in positions:
+            while row < turn["trajectory_row"]:
+                row, trajectory = next(trajectories)
+            messages, idx = trajectory["messages"], turn["message_index"]
+            yield GenerationRequest(turn_id=turn["turn_id"], trajectory_id=turn["trajectory_id"], message_index=idx,
+                                    messages=list(messages[:idx]), tools=trajectory["tools"],
+                                    expert=messages[idx] if turn["turn_id"] in experts else None)
     finally:
         con.close()
 
@@ -717,15 +724,19 @@ class Profiler:
         return stats
 
     def _generate_exhaustive(self, backend: "_Lazy", log) -> dict:
-        rows = self.pending_samples()
-        pending = {r["turn_id"] for r in rows}
+        # a served engine takes the turns' pending indices as they are (parts are cut from them as requests stream);
+        # an engine in this process, the rows in its order
+        pending = self.pending_by_turn() if not self.engine.local_model else None
+        rows = pending if pending is not None else self.pending_samples()
+        turns = set(pending) if pending is not None else {r["turn_id"] for r in rows}
+        n_rows = sum(map(len, pending.values())) if pending is not None else len(rows)
         if log:
-            log(f"{len(self.turns)} turns wanted, {len(self.turns) - len(pending)} complete, {len(rows)} samples of "
-                f"{len(pending)} turns to generate ({self.policy.backend}, {self.precision.dtype}: "
+            log(f"{len(self.turns)} turns wanted, {len(self.turns) - len(turns)} complete, {n_rows} samples of "
+                f"{len(turns)} turns to generate ({self.policy.backend}, {self.precision.dtype}: "
                 f"{self.precision.reason})")
-        stats: dict = {"turns_generated": len(pending), "cache_hits_turns": len(self.turns) - len(pending)}
-        if rows:
-            stats.update(self.generate_rows(backend(), rows, Progress(total=len(rows), log=log)))
+        stats: dict = {"turns_generated": len(turns), "cache_hits_turns": len(self.turns) - len(turns)}
+        if n_rows:
+            stats.update(self.generate_rows(backend(), rows, Progress(total=n_rows, log=log)))
         return stats
 
     def _generate_adaptive(self, backend: "_Lazy", log) -> dict:
@@ -809,10 +820,11 @@ class Profiler:
         stats["cache_hits_turns"] = len(self.turns) - len(generated)
         return stats
 
-    def generate_rows(self, backend, rows: list[dict], progress: Progress | None = None) -> dict:
-        """generate_samples over the rows in parts of whole turns (about part_rows each), so a kill loses at most
-        the parts in flight. A served engine's requests are read in one stream, and its next part is requested
-        while this one is written (one writer thread, parts written in order)."""
+    def generate_rows(self, backend, rows: list[dict] | dict[str, list[int]], progress: Progress | None = None) -> dict:
+        """generate_samples over the rows (or, for a served engine, each turn's sample indices) in parts of whole
+        turns (about part_rows each), so a kill loses at most the parts in flight. A served engine's requests are
+        read in one stream, and its next part is requested while this one is written (one writer thread, parts
+        written in order)."""
         n_rows = n_tokens = 0
         t0 = time.perf_counter()
         served = not self.engine.local_model
@@ -880,13 +892,38 @@ class Profiler:
         """(turn_id, sample_index) rows of this shard not yet generated, in trajectory order, so a batch holds
         consecutive turns of a trajectory (prefix reuse). The transformers backend decodes a turn's K rows
         together (one prefill): turn-major. Others take one sample seed per call: sample-major."""
+        pending = self.pending_by_turn()
+        if self.engine.turn_rows_together:
+            return [{"turn_id": t, "sample_index": i} for t, indices in pending.items() for i in indices]
+        return [{"turn_id": t, "sample_index": i} for i in range(self.sampling.k)
+                for t, indices in pending.items() if i in indices]
+
+    def pending_by_turn(self) -> dict[str, list[int]]:
+        """The sample indices below k each turn of this shard lacks, its turns in generation order (those with
+        none left out): what is done is read per turn in DuckDB, so memory follows the turns, not the samples."""
         check_layout(self.wh, self.shards)
         self.wh.clean_temp_files("rollouts", self.shard)
-        done = done_samples(self.wh, self.policy_fp, self.sampling_fp, self.shard)
-        order, k = turn_order(self.wh, self.turns), range(self.sampling.k)
-        pairs = ((t, i) for t in order for i in k) if self.engine.turn_rows_together else \
-            ((t, i) for i in k for t in order)
-        return [{"turn_id": t, "sample_index": i} for t, i in pairs if (t, i) not in done]
+        k = self.sampling.k
+        con = self.wh.duck()
+        _with_wanted(con, self.turns)
+        done = "select null::varchar as turn_id, null::bigint[] as indices where false"
+        if self.wh.part_files("rollouts", self.shard):
+            done = (f"select turn_id, list(distinct sample_index) as indices from {read_sql(self.wh, 'rollouts', self.shard)} "
+                    f"where policy_fp = $policy and sampling_fp = $sampling and sample_index < {int(k)} group by turn_id")
+        reader = con.execute(
+            f"""select p.turn_id, d.indices from ({turn_positions_sql(self.wh)}) p left join ({done}) d using (turn_id)
+                where coalesce(len(d.indices), 0) < {int(k)} order by p.trajectory_row, p.message_index""",
+            {"policy": self.policy_fp, "sampling": self.sampling_fp} if "$policy" in done else {},
+        ).fetch_record_batch(65_536)
+        every = list(range(k))
+        pending: dict[str, list[int]] = {}
+        try:
+            for batch in reader:
+                for turn_id, indices in zip(batch.column("turn_id").to_pylist(), batch.column("indices").to_pylist()):
+                    pending[turn_id] = every if not indices else [i for i in every if i not in set(indices)]
+        finally:
+            con.close()
+        return pending
 
     def generate_samples(self, backend, rows: list[dict]) -> dict:
         """Generate one sample per (turn_id, sample_index) row, each seeded by (sample_seed(seed, i), turn_id);
@@ -909,17 +946,20 @@ class Profiler:
                                 else self._samples_per_index(backend, rows, requests))
         return samples, requests, likelihoods
 
-    def served_parts(self, rows: list[dict]) -> Iterator[tuple[list[dict], dict]]:
-        """The rows in parts of whole turns (about part_rows each) with their turns' requests, the requests read in
-        one stream in trajectory order (a query per part would read the trajectories once per part). A served
-        engine teacher-forces nothing: no expert messages."""
-        by_turn: dict[str, list[dict]] = {}
-        for r in rows:
-            by_turn.setdefault(r["turn_id"], []).append(r)
+    def served_parts(self, rows: list[dict] | dict[str, list[int]]) -> Iterator[tuple[list[dict], dict]]:
+        """The rows (or each turn's sample indices) in parts of whole turns (about part_rows each) with their turns'
+        requests, the requests read in one stream in trajectory order (a query per part would read the trajectories
+        once per part); a part's rows are built as it is cut. A served engine teacher-forces nothing: no expert
+        messages."""
+        by_turn: dict[str, list[int]] = rows if isinstance(rows, dict) else {}
+        if not isinstance(rows, dict):
+            for r in rows:
+                by_turn.setdefault(r["turn_id"], []).append(int(r["sample_index"]))
+        by_turn = dict(by_turn)  # popped as its turns are cut: the caller's mapping stays whole
         chunk: list[dict] = []
         requests: dict = {}
         for request in generation_request_stream(self.wh, list(by_turn)):
-            chunk += by_turn.pop(request.turn_id)
+            chunk += [{"turn_id": request.turn_id, "sample_index": i} for i in by_turn.pop(request.turn_id)]
             requests[request.turn_id] = request
             if len(chunk) >= self.part_rows:
                 yield chunk, requests
