@@ -69,6 +69,13 @@ web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log
 '''
 
 
+def commit_of(root: Path) -> str:
+    """The checkout's commit (short), with "+changes" when its tracked files differ from it."""
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(root), "diff", "--quiet", "HEAD", "--", "pivot_assets", "pivot_jobs"])
+    return (head.stdout.strip() or "unknown") + ("+changes" if dirty.returncode else "")
+
+
 def free_port() -> int:
     import socket
 
@@ -277,13 +284,49 @@ def markdown(runs: dict, inproc: dict) -> str:
     return "\n".join(lines)
 
 
+TARGETS = {"rollouts_samples_per_s": 2000, "chain_samples_per_s_10k": 1500, "wall_per_sample_ratio": 1.3,
+           "peak_rss_mb": 1024}
+
+
+def target_lines(results: list[dict]) -> list[str]:
+    """This tree's figures against the targets: the rollouts step and the chain at the largest size up to 10k
+    sample trajectories, the chain's wall time per sample there against the smallest size's, peak RSS at every size."""
+    by_n = sorted(results, key=lambda r: r["trajectories"])
+    at = max((r for r in by_n if r["trajectories"] <= 10_000), key=lambda r: r["trajectories"], default=by_n[-1])
+    small = by_n[0]
+    per_sample = {r["trajectories"]: r["chain"]["wall_s"] / r["samples"] for r in by_n}
+    ratio = per_sample[at["trajectories"]] / per_sample[small["trajectories"]]
+    rss = max(r["chain"]["peak_rss_mb"] for r in by_n)
+
+    def mark(ok: bool) -> str:
+        return "met" if ok else "missed"
+
+    return [
+        "| target | measured (this tree) | |", "|---|---|---|",
+        f"| rollouts step >= {TARGETS['rollouts_samples_per_s']:,} samples/s (at {at['samples']:,} samples) | "
+        f"{at['steps']['rollouts']['samples_per_s']:,} | "
+        f"{mark(at['steps']['rollouts']['samples_per_s'] >= TARGETS['rollouts_samples_per_s'])} |",
+        f"| whole chain >= {TARGETS['chain_samples_per_s_10k']:,} samples/s at {at['trajectories']:,} sample "
+        f"trajectories | {at['chain']['samples_per_s']:,} | "
+        f"{mark(at['chain']['samples_per_s'] >= TARGETS['chain_samples_per_s_10k'])} |",
+        f"| chain wall time per sample at {at['trajectories']:,} within {TARGETS['wall_per_sample_ratio']}x of "
+        f"{small['trajectories']:,}'s | {ratio:.2f}x ({1000 * per_sample[at['trajectories']]:.3f} vs "
+        f"{1000 * per_sample[small['trajectories']]:.3f} ms) | {mark(ratio <= TARGETS['wall_per_sample_ratio'])} |",
+        f"| peak RSS <= {TARGETS['peak_rss_mb']:,} MB at every size up to {by_n[-1]['samples']:,} samples | "
+        f"{rss:,} MB | {mark(rss <= TARGETS['peak_rss_mb'])} |",
+    ]
+
+
 GPU_SAMPLES_PER_S = 1000  # what one H100 with vLLM returns on a 1-2B policy, ~60-token samples: assumed, not measured
 
 
-def report(meta: dict, tables: str, note: str, figures: dict) -> str:
+def report(meta: dict, tables: str, note: str, figures: dict, targets: list[str]) -> str:
+    targets_text = "\n".join(targets)
     return f"""# Throughput: what the curation chain absorbs from an engine that answers at once
 
 {gpu_line(figures)}
+
+{targets_text}
 
 Machine: {meta['machine']}; {meta['date']}; Python {meta['python']}; k {meta['k']}, concurrency {meta['concurrency']}.
 Command: `.venv/bin/python {meta['command']}`. Load average after the run: {', '.join(map(str, meta['load_average_after']))}.
@@ -292,7 +335,8 @@ Command: `.venv/bin/python {meta['command']}`. Load average after the run: {', '
 The engine is an OpenAI-compatible server on 127.0.0.1 that answers every request at once with one fixed tool call
 (aiohttp, a process of its own: its CPU is counted apart), so the figures are the pipeline's own cost. Each step is
 one `pivot run --select` (its Dagster start included); the chain is their sum. Peak RSS: the step's process tree,
-sampled every 50 ms. `baseline`: the same bench run against a checkout of the commit before the change.
+sampled every 50 ms. Code: {', '.join(f"{label} {commit}" for label, commit in meta['commits'].items())}
+(`baseline`: the same bench run against a checkout of an earlier commit, side by side, size by size).
 
 {tables}
 """
@@ -362,13 +406,14 @@ def main() -> None:
     shutil.rmtree(workdir, ignore_errors=True)
     meta = {"machine": describe_cpu(), "date": started, "python": platform.python_version(),
             "command": shlex.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-            "load_average_after": [round(x, 2) for x in os.getloadavg()], "k": args.k, "concurrency": args.concurrency}
+            "load_average_after": [round(x, 2) for x in os.getloadavg()], "k": args.k, "concurrency": args.concurrency,
+            "commits": {label: commit_of(root) for label, root in roots.items()}}
     print(json.dumps(meta))
     tables = markdown(runs, inproc)
     print(tables)
     summary = summarize(meta, runs, inproc)
     if args.out:
-        args.out.write_text(report(meta, tables, args.note, summary["figures"]))
+        args.out.write_text(report(meta, tables, args.note, summary["figures"], target_lines(runs["this tree"])))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         summary = {"results_file": args.out.resolve().relative_to(ROOT).as_posix() if args.out else None,
