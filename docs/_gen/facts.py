@@ -150,6 +150,34 @@ def box_throughput(prefix: str = "") -> str:
             f"{f['gpus_fed']} GPUs fed ({link(t, prefix)}: per step, per size, and where the time goes).")
 
 
+def ingest_streaming() -> str:
+    """How ingest cuts its input (ingest/streaming.py) and the peak memory the throughput bench measured for it."""
+    from pivot_assets.ingest.streaming import UNIT_BYTES, WORKERS_FROM_UNITS
+
+    t = results("throughput")
+    largest = max(t["runs"]["this tree"], key=lambda r: r["samples"])
+    mib = f"{UNIT_BYTES >> 20} MiB"
+    return (f"Ingestion streams: each input is cut into bounded units ({mib} of JSONL lines, Parquet row groups, HF row "
+            f"ranges; a `.json` document is one unit; a compressed JSON Lines file is decompressed in the parent into "
+            f"{mib} blocks of whole lines that travel with their unit, since a compressed stream cannot be cut by byte "
+            f"offset) processed in one worker process per core from {(WORKERS_FROM_UNITS * UNIT_BYTES) >> 20} MiB of "
+            f"input (below that, in the pipeline's process: a worker costs a second to start and a few hundred MB); "
+            f"a unit takes about 20x its bytes while it is adapted. Ingest of {largest['trajectories']:,} sample trajectories ({largest['turns']:,} turns) peaked at "
+            f"{largest['steps']['ingest']['peak_rss_mb']:,} MB for the whole process tree on 2 cores "
+            f"({link('throughput')}).")
+
+
+def served_parts() -> str:
+    """How the rollouts step feeds a served engine (profiling/profiler.py)."""
+    from pivot_assets.profiling.profiler import SERVED_PART_ROWS
+
+    return (f"The rollouts step sends one request per sample (each sample has its own seed) from one asyncio loop over "
+            f"kept-alive connections, `policy.concurrency` in flight, and writes a part of at least "
+            f"{SERVED_PART_ROWS:,} rows while the next part's requests are in flight; the samples still to generate "
+            f"are read per turn and the requests built as the parts are cut, so its memory follows the turns, not "
+            f"the samples; rewards and profiles are computed in batches and in DuckDB.")
+
+
 def decisive_steps() -> str:
     return figure("decisive_bfcl", "grpo_steps")
 
