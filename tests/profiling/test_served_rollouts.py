@@ -82,3 +82,59 @@ def test_served_parts_resume_after_a_lost_part_with_no_duplicate_key(served):
 
 def _turn_counts(part) -> dict:
     return dict(duckdb.sql(f"select turn_id, count(*) from read_parquet('{part}') group by turn_id").fetchall())
+
+
+def test_pending_samples_are_each_turns_missing_indices_in_generation_order(served):
+    """What is left to generate is read per turn (no row per sample): a turn with only sample 0 stored lacks 1..K-1,
+    a complete turn nothing; raising k adds the new indices to every turn; the turns come in generation order."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from pivot_assets.profiling.profiler import turn_order
+
+    wh = Warehouse(served / "warehouse")
+    _profile(served, part_rows=10)
+    part = wh.part_files("rollouts")[0]
+    kept = pq.read_table(part).filter(pc.equal(pc.field("sample_index"), 0))
+    partial = set(kept.column("turn_id").to_pylist())
+    pq.write_table(kept, part)
+
+    profiler = Profiler.for_config(load_config(served / "pivot.yaml"))
+    order = turn_order(wh, profiler.turns)
+    pending = profiler.pending_by_turn()
+    assert list(pending.items()) == [(t, list(range(1, K))) for t in order if t in partial]
+    # the same rows one by one, sample-major for an engine that takes one seed per call (a served one)
+    assert not profiler.engine.turn_rows_together
+    assert profiler.pending_samples() == [{"turn_id": t, "sample_index": i} for i in range(K) for t in pending
+                                          if i in pending[t]]
+
+    (served / "pivot.yaml").write_text((served / "pivot.yaml").read_text().replace(f"k: {K},", f"k: {K + 1},"))
+    raised = Profiler.for_config(load_config(served / "pivot.yaml")).pending_by_turn()
+    assert list(raised.items()) == [(t, [*range(1, K), K] if t in partial else [K]) for t in order]
+
+
+def test_requests_are_each_turns_state_in_generation_order(served):
+    """generation_request_stream (the trajectories read in file order, merged with the turns' positions) gives each
+    turn the messages before it and its trajectory's tools, a trajectory's turns together and in message order."""
+    from pivot_assets.core.shapes import rebuild_state
+    from pivot_assets.profiling.profiler import generation_requests, select_turns, turn_order
+
+    wh = Warehouse(served / "warehouse")
+    turns = select_turns(wh, None)
+    experts = set(turns[::2])
+    requests = generation_requests(wh, turns, experts)
+    assert [r.turn_id for r in requests] == turn_order(wh, turns)
+    trajectories = {t["trajectory_id"]: t for t in duckdb.sql(
+        f"select trajectory_id, messages, tools from read_parquet('{wh.table_path('trajectories')}')").to_arrow_table().to_pylist()}
+    seen: list[str] = []
+    for r in requests:
+        trajectory = trajectories[r.trajectory_id]
+        assert r.messages == rebuild_state(trajectory["messages"], r.message_index)
+        assert r.tools == json.loads(trajectory["tools"] or "[]")
+        assert r.expert == (trajectory["messages"][r.message_index] if r.turn_id in experts else None)
+        if seen and seen[-1] != r.trajectory_id:
+            assert r.trajectory_id not in seen  # a trajectory's turns are consecutive
+        seen.append(r.trajectory_id)
+    for earlier, later in zip(requests, requests[1:]):
+        if earlier.trajectory_id == later.trajectory_id:
+            assert earlier.message_index < later.message_index
