@@ -724,18 +724,17 @@ class Profiler:
         return stats
 
     def _generate_exhaustive(self, backend: "_Lazy", log) -> dict:
-        # a served engine takes the turns' pending indices as they are (parts are cut from them as requests stream);
-        # an engine in this process, the rows in its order
-        pending = self.pending_by_turn() if not self.engine.local_model else None
-        rows = pending if pending is not None else self.pending_samples()
-        turns = set(pending) if pending is not None else {r["turn_id"] for r in rows}
-        n_rows = sum(map(len, pending.values())) if pending is not None else len(rows)
+        pending = self.pending_by_turn()
+        n_rows = sum(map(len, pending.values()))
         if log:
-            log(f"{len(self.turns)} turns wanted, {len(self.turns) - len(turns)} complete, {n_rows} samples of "
-                f"{len(turns)} turns to generate ({self.policy.backend}, {self.precision.dtype}: "
+            log(f"{len(self.turns)} turns wanted, {len(self.turns) - len(pending)} complete, {n_rows} samples of "
+                f"{len(pending)} turns to generate ({self.policy.backend}, {self.precision.dtype}: "
                 f"{self.precision.reason})")
-        stats: dict = {"turns_generated": len(turns), "cache_hits_turns": len(self.turns) - len(turns)}
+        stats: dict = {"turns_generated": len(pending), "cache_hits_turns": len(self.turns) - len(pending)}
         if n_rows:
+            # a served engine's parts are cut from the turns' indices as its requests stream (no row per sample
+            # held); an engine in this process takes the rows in its order
+            rows = pending if not self.engine.local_model else self.rows_in_engine_order(pending)
             stats.update(self.generate_rows(backend(), rows, Progress(total=n_rows, log=log)))
         return stats
 
@@ -889,10 +888,13 @@ class Profiler:
 
     # -- per-sample generation (the local engine's rows and the Ray engine's; ray_job.py feeds them through Ray Data)
     def pending_samples(self) -> list[dict]:
-        """(turn_id, sample_index) rows of this shard not yet generated, in trajectory order, so a batch holds
-        consecutive turns of a trajectory (prefix reuse). The transformers backend decodes a turn's K rows
-        together (one prefill): turn-major. Others take one sample seed per call: sample-major."""
-        pending = self.pending_by_turn()
+        """(turn_id, sample_index) rows of this shard not yet generated, in the engine's order (rows_in_engine_order)."""
+        return self.rows_in_engine_order(self.pending_by_turn())
+
+    def rows_in_engine_order(self, pending: dict[str, list[int]]) -> list[dict]:
+        """The pending indices as (turn_id, sample_index) rows, the turns in generation order, so a batch holds
+        consecutive turns of a trajectory (prefix reuse). The transformers backend decodes a turn's K rows together
+        (one prefill): turn-major. Others take one sample seed per call: sample-major."""
         if self.engine.turn_rows_together:
             return [{"turn_id": t, "sample_index": i} for t, indices in pending.items() for i in indices]
         return [{"turn_id": t, "sample_index": i} for i in range(self.sampling.k)
@@ -906,21 +908,21 @@ class Profiler:
         k = self.sampling.k
         con = self.wh.duck()
         _with_wanted(con, self.turns)
-        done = "select null::varchar as turn_id, null::bigint[] as indices where false"
-        if self.wh.part_files("rollouts", self.shard):
-            done = (f"select turn_id, list(distinct sample_index) as indices from {read_sql(self.wh, 'rollouts', self.shard)} "
-                    f"where policy_fp = $policy and sampling_fp = $sampling and sample_index < {int(k)} group by turn_id")
+        con.register("no_rollouts", ROLLOUTS_SCHEMA.empty_table())  # nothing generated yet
+        stored = read_sql(self.wh, "rollouts", self.shard) if self.wh.part_files("rollouts", self.shard) else "no_rollouts"
         reader = con.execute(
-            f"""select p.turn_id, d.indices from ({turn_positions_sql(self.wh)}) p left join ({done}) d using (turn_id)
+            f"""select p.turn_id, d.indices from ({turn_positions_sql(self.wh)}) p
+                left join (select turn_id, list(distinct sample_index) as indices from {stored}
+                           where policy_fp = $policy and sampling_fp = $sampling and sample_index < {int(k)}
+                           group by turn_id) d using (turn_id)
                 where coalesce(len(d.indices), 0) < {int(k)} order by p.trajectory_row, p.message_index""",
-            {"policy": self.policy_fp, "sampling": self.sampling_fp} if "$policy" in done else {},
-        ).fetch_record_batch(65_536)
-        every = list(range(k))
+            {"policy": self.policy_fp, "sampling": self.sampling_fp}).fetch_record_batch(65_536)
         pending: dict[str, list[int]] = {}
         try:
             for batch in reader:
                 for turn_id, indices in zip(batch.column("turn_id").to_pylist(), batch.column("indices").to_pylist()):
-                    pending[turn_id] = every if not indices else [i for i in every if i not in set(indices)]
+                    have = set(indices or ())
+                    pending[turn_id] = [i for i in range(k) if i not in have]
         finally:
             con.close()
         return pending
