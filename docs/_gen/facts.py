@@ -162,9 +162,9 @@ def ingest_streaming() -> str:
             f"{mib} blocks of whole lines that travel with their unit, since a compressed stream cannot be cut by byte "
             f"offset) processed in one worker process per core from {(WORKERS_FROM_UNITS * UNIT_BYTES) >> 20} MiB of "
             f"input (below that, in the pipeline's process: a worker costs a second to start and a few hundred MB); "
-            f"a unit takes about 20x its bytes while it is adapted. Ingest of {largest['trajectories']:,} sample trajectories ({largest['turns']:,} turns) peaked at "
-            f"{largest['steps']['ingest']['peak_rss_mb']:,} MB for the whole process tree on 2 cores "
-            f"({link('throughput')}).")
+            f"a unit takes about 20x its bytes while it is adapted. Ingest of {largest['trajectories']:,} sample "
+            f"trajectories ({largest['turns']:,} turns) peaked at {largest['steps']['ingest']['peak_rss_mb']:,} MB for "
+            f"the whole process tree on the {t['meta']['machine']} ({link('throughput')}).")
 
 
 def served_parts() -> str:

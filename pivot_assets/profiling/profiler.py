@@ -953,11 +953,10 @@ class Profiler:
         requests, the requests read in one stream in trajectory order (a query per part would read the trajectories
         once per part); a part's rows are built as it is cut. A served engine teacher-forces nothing: no expert
         messages."""
-        by_turn: dict[str, list[int]] = rows if isinstance(rows, dict) else {}
+        by_turn: dict[str, list[int]] = dict(rows) if isinstance(rows, dict) else {}  # popped as turns are cut
         if not isinstance(rows, dict):
             for r in rows:
                 by_turn.setdefault(r["turn_id"], []).append(int(r["sample_index"]))
-        by_turn = dict(by_turn)  # popped as its turns are cut: the caller's mapping stays whole
         chunk: list[dict] = []
         requests: dict = {}
         for request in generation_request_stream(self.wh, list(by_turn)):
